@@ -1,0 +1,1 @@
+"""Async I/O: the C++ engine, the page store and the XLA FFI paging calls."""

@@ -1,0 +1,195 @@
+"""The training configuration: one frozen dataclass, validated, loadable from TOML."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import optax
+
+from .._errors import ConfigError
+
+Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``jaxoff train`` needs. Every field is a command-line option.
+
+    Attributes:
+        model: named size from ``models.gpt.CONFIGS`` (tiny, mini, small, medium, large, xl, ...).
+        policy: remat policy of the scanned layers: ``none`` or a ``jax.checkpoint_policies`` name.
+        positions: ``learned`` or ``rotary`` position encoding.
+        dtype: compute dtype (float32 or bfloat16).
+        param_dtype: parameter dtype (float32 or bfloat16).
+        batch_size: sequences per step.
+        seq_len: tokens per sequence.
+        steps: total optimizer steps of the run (the schedule spans them).
+        optimizer: adamw, adam, lion, sgd (with momentum) or rmsprop.
+        lr: peak learning rate (linear warm-up, then cosine decay to 10%).
+        warmup_steps: steps of linear warm-up.
+        weight_decay: decoupled weight decay (adamw and lion).
+        clip_norm: global gradient-norm clipping; 0 disables it.
+        seed: seeds parameter init and the batch order.
+        data: a text file or folder; default: this Python's standard-library source.
+        val_fraction: share of the corpus held out for validation.
+        eval_every: steps between validation losses; 0 disables them.
+        eval_batches: batches per validation loss.
+        out_dir: run folder: metrics.jsonl, config.json, checkpoints/.
+        ckpt_every: steps between orbax checkpoints; 0 disables them.
+        keep_checkpoints: checkpoints kept on disk.
+        resume: continue from the latest checkpoint in out_dir.
+        overwrite: replace a previous run in out_dir (its metrics and checkpoints are deleted).
+        stop_at: stop after this step (as if interrupted), checkpointing first; 0 runs to the end.
+        progress: show the live progress bar.
+    """
+
+    model: str = "mini"
+    policy: str = "none"
+    positions: Literal["learned", "rotary"] = "learned"
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    batch_size: int = 16
+    seq_len: int = 128
+    steps: int = 300
+    optimizer: Optimizer = "adamw"
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+    seed: int = 0
+    data: Path | None = None
+    val_fraction: float = 0.05
+    eval_every: int = 50
+    eval_batches: int = 4
+    out_dir: Path = Path("runs/default")
+    ckpt_every: int = 100
+    keep_checkpoints: int = 2
+    resume: bool = False
+    overwrite: bool = False
+    stop_at: int = 0
+    progress: bool = True
+
+    def validate(self) -> TrainConfig:
+        """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
+        from models.gpt import _DTYPES, CONFIGS
+
+        if self.model not in CONFIGS:
+            raise ConfigError(
+                f"--model {self.model!r} is not a known size; choose one of {', '.join(CONFIGS)}"
+            )
+        for name in ("batch_size", "seq_len", "steps", "eval_batches", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{_opt(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "ckpt_every", "stop_at"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{_opt(name)} must be 0 or more, got {getattr(self, name)}")
+        for name in ("lr", "weight_decay", "clip_norm"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"--{_opt(name)} must be 0 or more, got {getattr(self, name)}")
+        if self.lr == 0:
+            raise ConfigError("--lr must be positive")
+        if not 0 < self.val_fraction < 0.5:
+            raise ConfigError(f"--val-fraction must be in (0, 0.5), got {self.val_fraction}")
+        if self.seq_len > CONFIGS[self.model].max_seq_len:
+            raise ConfigError(
+                f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
+                f"{CONFIGS[self.model].max_seq_len}; use a shorter --seq-len"
+            )
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ConfigError(f"--{_opt(name)} must be one of {', '.join(_DTYPES)}")
+        from ..policy import resolve_policy
+
+        resolve_policy(self.policy)  # raises ConfigError listing the valid names
+        if self.data is not None and not Path(self.data).exists():
+            raise ConfigError(f"--data {self.data}: no such file or directory")
+        _check_writable(Path(self.out_dir))
+        return self
+
+    def model_config(self):
+        """The ``models.gpt.GPTConfig`` this run trains."""
+        from models.gpt import CONFIGS
+
+        from ..policy import resolve_policy
+
+        return dataclasses.replace(
+            CONFIGS[self.model],
+            positions=self.positions,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            policy=resolve_policy(self.policy),
+        )
+
+    def schedule(self) -> optax.Schedule:
+        warmup = min(self.warmup_steps, self.steps - 1)
+        return optax.warmup_cosine_decay_schedule(
+            0.0, self.lr, max(warmup, 1), max(self.steps, warmup + 1), end_value=self.lr * 0.1
+        )
+
+    def build_optimizer(self) -> optax.GradientTransformation:
+        """The optax chain: optional global-norm clipping, then the optimizer."""
+        lr = self.schedule()
+        make = {
+            "adamw": lambda: optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=self.weight_decay),
+            "adam": lambda: optax.adam(lr, b1=0.9, b2=0.95),
+            "lion": lambda: optax.lion(lr, weight_decay=self.weight_decay),
+            "sgd": lambda: optax.sgd(lr, momentum=0.9),
+            "rmsprop": lambda: optax.rmsprop(lr),
+        }
+        if self.optimizer not in make:
+            raise ConfigError(f"--optimizer must be one of {', '.join(make)}")
+        tx = make[self.optimizer]()
+        if self.clip_norm > 0:
+            tx = optax.chain(optax.clip_by_global_norm(self.clip_norm), tx)
+        return tx
+
+    def to_json(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+# Fields that may differ between a run and its resumption without changing the result.
+RESUMABLE_CHANGES = frozenset(
+    {"resume", "overwrite", "stop_at", "progress", "eval_every", "eval_batches", "ckpt_every", "keep_checkpoints"}
+)
+
+
+def _opt(field: str) -> str:
+    return field.replace("_", "-")
+
+
+def _check_writable(out_dir: Path) -> None:
+    """Creates ``out_dir`` and proves a file can be written there."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"--out-dir {out_dir} is not writable ({e.strerror}); choose another --out-dir"
+        ) from None
+
+
+def load_config_file(path: Path | str) -> dict:
+    """Reads a TOML config file into ``TrainConfig`` keyword arguments (unknown keys refused)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+    values = values.get("train", values)
+    known = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"--config {path}: unknown keys {unknown}; valid keys are {', '.join(known)}"
+        )
+    for key in ("data", "out_dir"):
+        if values.get(key) is not None:
+            values[key] = Path(values[key])
+    return values
