@@ -56,7 +56,7 @@ def load_corpus(path: Path | str | None = None, max_bytes: int = DEFAULT_CORPUS_
         total += len(data) + 1
         if total >= max_bytes:
             break
-    tokens = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    tokens = np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
     if tokens.size < 1024:
         raise ConfigError(
             f"--data {root}: only {tokens.size} bytes of text (need at least 1024); "

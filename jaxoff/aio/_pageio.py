@@ -1,0 +1,150 @@
+"""Raw page-file I/O of the page store, kept in a few small functions.
+
+Everything the store reads or writes goes through `_io_read` / `_io_write`, so they can later be
+routed through the C++ engine (``jaxoff.aio._engine``) without touching the store's logic.
+For now they are plain ``os.pread`` / ``os.pwrite``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+
+from jaxoff.aio._store_errors import (
+    RESTORE_HINT,
+    PageStoreCorruptError,
+    PageStoreError,
+    PageStoreFullError,
+)
+
+_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _full_error(path: str, offset: int, nbytes: int, err: OSError) -> PageStoreFullError:
+    what = "disk is full" if err.errno != errno.EFBIG else "file size limit reached"
+    return PageStoreFullError(
+        f"cannot write {nbytes} bytes at offset {offset} of page file {path}: {what} "
+        f"({os.strerror(err.errno)}; the file needs {offset + nbytes} bytes). The last "
+        "committed version is intact. Free space on that filesystem (or raise `ulimit -f`), "
+        "or put the store on a larger disk, then retry",
+        path=path,
+        needed_bytes=nbytes,
+        errno=err.errno,
+    )
+
+
+def _io_write(path: str, offset: int, buffer) -> None:
+    """Writes all of ``buffer`` (bytes-like) at ``offset`` of an existing page file."""
+    view = memoryview(buffer).cast("B")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise PageStoreCorruptError(
+            f"page file {path} is missing; the store directory was changed by hand: "
+            + RESTORE_HINT
+        ) from None
+    try:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], offset + done)
+    except OSError as e:
+        if e.errno in _FULL:
+            raise _full_error(path, offset, len(view), e) from None
+        raise PageStoreError(f"cannot write page file {path} at offset {offset}: {e}") from e
+    finally:
+        os.close(fd)
+
+
+def _io_read(path: str, offset: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Reads exactly ``nbytes`` at ``offset``; a short file is an error.
+
+    Reads into ``out`` (a contiguous uint8 array of ``nbytes``) when given, else into a new
+    array; returns it.
+    """
+    out = np.empty(nbytes, np.uint8) if out is None else out
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise PageStoreCorruptError(
+            f"page file {path} is missing; the store directory was changed by hand: "
+            + RESTORE_HINT
+        ) from None
+    try:
+        done = 0
+        view = memoryview(out)
+        while done < nbytes:
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n == 0:
+                size = os.fstat(fd).st_size
+                raise PageStoreCorruptError(
+                    f"page file {path} is {offset + nbytes - size} bytes short (it has {size} "
+                    f"bytes, the chunk at offset {offset} needs {offset + nbytes}): it was "
+                    "truncated, e.g. by a crashed run or a full disk; " + RESTORE_HINT
+                )
+            done += n
+    except OSError as e:
+        raise PageStoreError(f"cannot read page file {path} at offset {offset}: {e}") from e
+    finally:
+        os.close(fd)
+    return out
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def allocate_file(path: str, size: int) -> None:
+    """Creates or resizes a page file to ``size`` bytes with all its blocks reserved.
+
+    Reserving the blocks up front (``posix_fallocate``) makes a full disk fail at creation
+    rather than in the middle of a training step, and keeps disk usage constant afterwards.
+    Existing contents within ``size`` are kept.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
+            if size:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    os.ftruncate(fd, size)  # filesystem without fallocate: sparse file
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.errno in _FULL:
+            raise PageStoreFullError(
+                f"cannot allocate page file {path} ({size} bytes needed): "
+                f"{os.strerror(e.errno)}. Free space on that filesystem (or raise "
+                "`ulimit -f`), use a smaller model or put the store on a larger disk",
+                path=path,
+                needed_bytes=size,
+                errno=e.errno,
+            ) from None
+        raise PageStoreError(f"cannot create page file {path}: {e}") from e
+
+
+def fsync_dir(path: str) -> None:
+    """Makes a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

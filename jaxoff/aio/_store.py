@@ -1,0 +1,455 @@
+"""PageStore: named tensors in chunked, checksummed, double-buffered page files on disk."""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import crc32c
+import numpy as np
+
+from jaxoff.aio import _manifest
+from jaxoff.aio._layout import (
+    SLOTS,
+    EntryLayout,
+    Layout,
+    check_slot,
+    layout_differences,
+    plan_layout,
+)
+from jaxoff.aio._lock import StoreLock
+from jaxoff.aio._pageio import _io_read, _io_write
+from jaxoff.aio._store_errors import (
+    RESTORE_HINT,
+    PageStoreCorruptError,
+    PageStoreError,
+    PageStoreLayoutError,
+)
+from jaxoff.aio._store_files import FileTable
+
+
+class PageStore:
+    """A directory of named tensors, each cut into aligned chunks, with two slots (A and B).
+
+    Version ``V`` of every entry lives in slot ``"A" if V % 2 == 0 else "B"`` (the active
+    slot). New data goes to the other (inactive) slot; `commit` fsyncs it, records its crc32c
+    checksums and atomically makes it version ``V + 1``, so a crash at any moment leaves the
+    last committed version readable. The store is locked for one user while it is open.
+
+    Construct with `create`, `open` or `open_or_create`, never directly.
+
+    >>> import tempfile, numpy as np
+    >>> root = tempfile.mkdtemp() + "/store"
+    >>> entries = {"opt.mu.w": ((3, 5), "float32")}
+    >>> with PageStore.create(root, entries, chunk_bytes=4096) as store:
+    ...     store.write("opt.mu.w", np.ones((3, 5), np.float32))
+    ...     store.commit()
+    1
+    >>> with PageStore.open(root) as store:
+    ...     print(store.version, store.active_slot, store.read("opt.mu.w").sum())
+    1 B 15.0
+    """
+
+    def __init__(self, root: str, layout: Layout, version: int, crcs: _manifest.Crcs,
+                 lock: StoreLock):
+        self._root = root
+        self._layout = layout
+        self._version = version
+        self._crcs = crcs
+        self._lock = lock
+        self._pending = self._no_crcs()
+        self._files = FileTable(root, layout)
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def create(
+        cls,
+        root: str | os.PathLike,
+        layout_or_entries: Layout | Mapping[str, Any],
+        *,
+        chunk_bytes: int | None = None,
+        dirs: list[str] | None = None,
+        exist_ok: bool = False,
+    ) -> PageStore:
+        """Creates an empty store (version 0, nothing written) and returns it open.
+
+        Args:
+          root: the store directory; created if missing.
+          layout_or_entries: a `Layout` or ``{name: ShapeDtypeStruct | (shape, dtype)}``.
+          chunk_bytes: bytes per chunk, a multiple of 4096 (required with entries).
+          dirs: data directories (absolute or relative to ``root``), striped round robin.
+          exist_ok: if a store already exists at ``root``, re-initialise it (its data is
+            discarded; page files with the same names are reused) instead of raising.
+
+        Raises:
+          PageStoreLayoutError: bad arguments. PageStoreFullError: not enough disk space.
+          PageStoreLockedError: the store is in use. PageStoreError: ``root`` holds a store
+            (and ``exist_ok`` is false) or unrelated files.
+        """
+        layout = plan_layout(layout_or_entries, chunk_bytes, dirs)
+        root = os.path.abspath(os.fspath(root))
+        os.makedirs(root, exist_ok=True)
+        lock = StoreLock(root)
+        try:
+            return cls._create_locked(root, layout, lock, exist_ok)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def open(cls, root: str | os.PathLike) -> PageStore:
+        """Opens an existing store at its last committed version.
+
+        Raises:
+          PageStoreNotFoundError: no store at ``root``. PageStoreFormatError: bad manifest.
+          PageStoreCorruptError: a page file of the committed version is missing or short.
+          PageStoreLockedError: the store is in use.
+        """
+        root = os.path.abspath(os.fspath(root))
+        if not os.path.isdir(root):
+            _manifest.read(root)  # raises the "does not exist" error
+        lock = StoreLock(root)
+        try:
+            return cls._open_locked(root, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def open_or_create(
+        cls,
+        root: str | os.PathLike,
+        layout_or_entries: Layout | Mapping[str, Any],
+        *,
+        chunk_bytes: int | None = None,
+        dirs: list[str] | None = None,
+    ) -> PageStore:
+        """Opens the store at ``root`` if it has this layout, else creates it.
+
+        Raises:
+          PageStoreLayoutError: a store exists with a different layout (the message lists
+            the differences).
+        """
+        layout = plan_layout(layout_or_entries, chunk_bytes, dirs)
+        root = os.path.abspath(os.fspath(root))
+        os.makedirs(root, exist_ok=True)
+        lock = StoreLock(root)  # before looking, so two racing callers cannot both create
+        try:
+            if not os.path.exists(os.path.join(root, _manifest.MANIFEST)):
+                return cls._create_locked(root, layout, lock, exist_ok=True)
+            store = cls._open_locked(root, lock)
+        except BaseException:
+            lock.release()
+            raise
+        diffs = layout_differences(store.layout, layout)
+        if diffs:
+            store.close()
+            raise PageStoreLayoutError(
+                f"page store {root} has a different layout than requested:\n  - "
+                + "\n  - ".join(diffs)
+                + "\nIt holds the state of another model or configuration: use another "
+                "store directory, or delete this one to start afresh"
+            )
+        return store
+
+    @classmethod
+    def _create_locked(cls, root: str, layout: Layout, lock: StoreLock, exist_ok: bool):
+        old_layout = None
+        if os.path.exists(os.path.join(root, _manifest.MANIFEST)):
+            if not exist_ok:
+                raise PageStoreError(
+                    f"a page store already exists at {root}; open it with PageStore.open "
+                    "(or open_or_create), or pass exist_ok=True to re-initialise it"
+                )
+            try:
+                old_layout = _manifest.read(root)[0]
+            except PageStoreError:
+                pass  # unreadable: nothing to clean up that we could name
+        elif not exist_ok:
+            ours = {"LOCK", _manifest.MANIFEST_TMP}
+            ours |= {d.split(os.sep)[0] for d in layout.dirs if not os.path.isabs(d)}
+            strangers = sorted(set(os.listdir(root)) - ours)
+            if strangers:
+                raise PageStoreError(
+                    f"{root} is not empty and holds no page store (it has "
+                    f"{', '.join(strangers[:5])}); give the store its own directory"
+                )
+        crcs = {s: {e.name: [None] * len(e.chunks) for e in layout.entries} for s in SLOTS}
+        store = cls(root, layout, 0, crcs, lock)
+        store._files.allocate_all()
+        if old_layout is not None:
+            store._files.remove_stale(root, old_layout)
+        _manifest.write(root, layout, 0, crcs)
+        return store
+
+    @classmethod
+    def _open_locked(cls, root: str, lock: StoreLock) -> PageStore:
+        layout, version, crcs = _manifest.read(root)
+        store = cls(root, layout, version, crcs, lock)
+        store._files.check(crcs, store.active_slot, version)
+        return store
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def version(self) -> int:
+        """The last committed version (0 right after `create`: nothing written yet)."""
+        return self._version
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @property
+    def entries(self) -> Mapping[str, EntryLayout]:
+        """``{name: EntryLayout}`` in entry-index order (read-only)."""
+        return types.MappingProxyType({e.name: e for e in self._layout.entries})
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._layout.chunk_bytes
+
+    @property
+    def active_slot(self) -> str:
+        """The slot holding the committed version: ``"A"`` for even versions, else ``"B"``."""
+        return "A" if self._version % 2 == 0 else "B"
+
+    @property
+    def inactive_slot(self) -> str:
+        """The slot that writes for version ``version + 1`` go to."""
+        return "B" if self._version % 2 == 0 else "A"
+
+    @property
+    def closed(self) -> bool:
+        return not self._lock.held
+
+    # ----------------------------------------------------------------- tables for the FFI
+
+    def file_table(self) -> list[str]:
+        """Absolute paths of all page files: entry by entry, slot A then B, stripe by stripe."""
+        return list(self._files.paths)
+
+    def file_id(self, name: str, slot: str, chunk_index: int) -> int:
+        """Index into `file_table` of the file holding chunk ``chunk_index`` of ``name``."""
+        ei = self._layout.index(name)
+        chunk = self._chunk(ei, chunk_index)
+        return self._files.ids[(ei, check_slot(slot), chunk.stripe)]
+
+    def chunk_table(self, slot: str) -> dict[str, np.ndarray]:
+        """Per global chunk (entries in order, chunks in order), int64 arrays of.
+
+        ``file_id`` (into `file_table`, for ``slot``), ``offset``, ``nbytes`` (unpadded, what
+        the crc covers), ``padded_nbytes``, ``entry`` (entry index), ``chunk`` (index within
+        the entry), ``elem_start`` and ``elem_count``. Reads use the active slot, writes the
+        inactive one.
+        """
+        return self._files.chunk_table(slot)
+
+    # ----------------------------------------------------------------- numpy I/O
+
+    def read(self, name: str, slot: str | None = None) -> np.ndarray:
+        """Reads an entry (default: the committed version) and verifies its checksums."""
+        self._check_open()
+        ei = self._layout.index(name)
+        e = self._layout.entries[ei]
+        out = np.empty(e.size, e.dtype)
+        raw = out.view(np.uint8)
+        for c in e.chunks:
+            start = c.elem_start * e.dtype.itemsize
+            self._read_verified(ei, c.index, slot, raw[start : start + c.nbytes])
+        return out.reshape(e.shape)
+
+    def read_chunk(self, name: str, chunk_index: int, slot: str | None = None) -> np.ndarray:
+        """Reads one chunk as a 1-D array of ``elem_count`` elements, verified."""
+        self._check_open()
+        ei = self._layout.index(name)
+        e, c = self._layout.entries[ei], self._chunk(ei, chunk_index)
+        out = np.empty(c.elem_count, e.dtype)
+        self._read_verified(ei, c.index, slot, out.view(np.uint8))
+        return out
+
+    def write(self, name: str, array: Any) -> None:
+        """Writes a whole entry into the inactive slot; it becomes current at `commit`."""
+        self._check_open()
+        ei = self._layout.index(name)
+        e = self._layout.entries[ei]
+        arr = self._as_array(e, array, e.shape, f"entry {name!r}")
+        raw = arr.reshape(-1).view(np.uint8)
+        for c in e.chunks:
+            start = c.elem_start * e.dtype.itemsize
+            self._write_raw(ei, c.index, raw[start : start + c.nbytes])
+
+    def write_chunk(self, name: str, chunk_index: int, data: Any) -> None:
+        """Writes one chunk (``elem_count`` elements of the entry's dtype) to the inactive slot."""
+        self._check_open()
+        ei = self._layout.index(name)
+        e, c = self._layout.entries[ei], self._chunk(ei, chunk_index)
+        arr = self._as_array(e, data, None, f"chunk {chunk_index} of {name!r}")
+        if arr.size != c.elem_count:
+            raise PageStoreLayoutError(
+                f"chunk {chunk_index} of {name!r} holds {c.elem_count} elements, got {arr.size}"
+            )
+        self._write_raw(ei, c.index, arr.reshape(-1).view(np.uint8))
+
+    def commit(self, crcs: Mapping[str, Any] | None = None) -> int:
+        """Makes everything written to the inactive slot durable and current; returns the version.
+
+        Args:
+          crcs: ``{name: [crc32c per chunk]}`` for chunks written by someone else (the FFI
+            page-out calls); ``None`` items keep what `write`/`write_chunk` recorded.
+
+        Every chunk of every entry must have been written for the new version: an unwritten
+        chunk would silently expose data two versions old.
+
+        Raises:
+          PageStoreError: chunks not written (nothing is committed). PageStoreFullError: no
+            space for the manifest (the previous version stays current).
+        """
+        self._check_open()
+        pending = {n: list(v) for n, v in self._pending.items()}
+        for name, values in (crcs or {}).items():
+            e = self._layout.entry(name)
+            for i, v in enumerate(_manifest.check_crc_list(values, len(e.chunks), name)):
+                if v is not None:
+                    pending[name][i] = v
+        missing = {n: [i for i, v in enumerate(vs) if v is None] for n, vs in pending.items()}
+        missing = {n: ix for n, ix in missing.items() if ix}
+        if missing:
+            shown = "; ".join(f"{n!r} chunks {ix[:8]}" for n, ix in list(missing.items())[:5])
+            raise PageStoreError(
+                f"cannot commit version {self._version + 1} of {self._root}: "
+                f"{sum(map(len, missing.values()))} chunks of {len(missing)} entries were not "
+                f"written ({shown}). Write every chunk (unchanged entries too) or pass their "
+                "crcs, or call abort()"
+            )
+        slot = self.inactive_slot
+        self._files.fsync_slot(slot)
+        new_crcs = {s: dict(self._crcs[s]) for s in SLOTS}
+        new_crcs[slot] = pending
+        _manifest.write(self._root, self._layout, self._version + 1, new_crcs)
+        self._version += 1
+        self._crcs = new_crcs
+        self._pending = self._no_crcs()
+        return self._version
+
+    def abort(self) -> None:
+        """Forgets uncommitted writes; the inactive slot's contents are then meaningless."""
+        self._pending = self._no_crcs()
+
+    def verify(self) -> int:
+        """Checks every chunk of the committed version; returns how many were checked.
+
+        Raises:
+          PageStoreCorruptError: listing the first bad chunks.
+        """
+        self._check_open()
+        errors, checked = [], 0
+        for ei, e in enumerate(self._layout.entries):
+            if self._version == 0:
+                break  # nothing committed yet
+            for c in e.chunks:
+                try:
+                    self._read_verified(ei, c.index, None, np.empty(c.nbytes, np.uint8))
+                    checked += 1
+                except PageStoreCorruptError as err:
+                    errors.append(str(err))
+        if errors:
+            raise PageStoreCorruptError(
+                f"{len(errors)} chunks of {self._root} version {self._version} are damaged; "
+                f"first: {errors[0]}"
+                + ("".join(f"\n  also: {m}" for m in errors[1:4]))
+            )
+        return checked
+
+    def disk_bytes(self) -> int:
+        """Bytes allocated on disk by the page files and the manifest."""
+        manifest = os.stat(os.path.join(self._root, _manifest.MANIFEST))
+        return self._files.disk_bytes() + manifest.st_blocks * 512
+
+    def close(self) -> None:
+        """Releases the lock; uncommitted writes are discarded. Idempotent."""
+        self._pending = self._no_crcs()
+        self._lock.release()
+
+    def __enter__(self) -> PageStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:  # a store dropped without close() must not keep its directory locked
+            self._lock.release()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"version {self._version}"
+        return f"PageStore({self._root!r}, {len(self._layout.entries)} entries, {state})"
+
+    # ----------------------------------------------------------------- internals
+
+    def _no_crcs(self) -> dict[str, list[int | None]]:
+        return {e.name: [None] * len(e.chunks) for e in self._layout.entries}
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise PageStoreError(f"page store {self._root} is closed; open it again")
+
+    def _chunk(self, ei: int, chunk_index: int):
+        e = self._layout.entries[ei]
+        if not (isinstance(chunk_index, int | np.integer) and 0 <= chunk_index < len(e.chunks)):
+            raise PageStoreLayoutError(
+                f"entry {e.name!r} has {len(e.chunks)} chunks; chunk index {chunk_index!r} is "
+                "out of range"
+            )
+        return e.chunks[int(chunk_index)]
+
+    @staticmethod
+    def _as_array(e: EntryLayout, data: Any, shape, what: str) -> np.ndarray:
+        arr = np.asarray(data)
+        if arr.dtype != e.dtype:  # no silent casts: a wrong dtype is a bug upstream
+            raise PageStoreLayoutError(f"{what} has dtype {e.dtype}, got {arr.dtype}")
+        if shape is not None and arr.shape != shape:
+            raise PageStoreLayoutError(f"{what} has shape {shape}, got {arr.shape}")
+        return np.ascontiguousarray(arr)
+
+    def _write_raw(self, ei: int, index: int, raw: np.ndarray) -> None:
+        e = self._layout.entries[ei]
+        c = e.chunks[index]
+        path = self._files.path(ei, self.inactive_slot, c.stripe)
+        self._pending[e.name][index] = None  # a failed write leaves the chunk unwritten
+        _io_write(path, c.offset, raw)
+        self._pending[e.name][index] = crc32c.crc32c(raw)
+
+    def _read_verified(self, ei: int, index: int, slot: str | None, out: np.ndarray) -> None:
+        e = self._layout.entries[ei]
+        c = e.chunks[index]
+        slot = self.active_slot if slot is None else check_slot(slot)
+        want = self._crcs[slot][e.name][index]
+        if slot == self.inactive_slot and self._pending[e.name][index] is not None:
+            want = self._pending[e.name][index]  # read back what this process just wrote
+        if want is None:
+            raise PageStoreError(
+                f"chunk {index} of {e.name!r} in slot {slot} holds no data: "
+                + ("nothing is committed yet (version 0); write every entry and commit() first"
+                   if self._version == 0 else "it was never written")
+            )
+        path = self._files.path(ei, slot, c.stripe)
+        _io_read(path, c.offset, c.nbytes, out)
+        got = crc32c.crc32c(out)
+        if got != want:
+            raise PageStoreCorruptError(
+                f"checksum mismatch in page file {path} at offset {c.offset} ({c.nbytes} bytes: "
+                f"chunk {index} of {e.name!r}, slot {slot}, version {self._version}): expected "
+                f"crc32c 0x{want:08x}, got 0x{got:08x}. The data on disk was damaged; "
+                + RESTORE_HINT
+            )
+

@@ -1,0 +1,112 @@
+"""The page files of a store: their fixed order, ids, chunk table, and keeping them whole."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from jaxoff.aio._layout import SLOTS, Layout, check_slot
+from jaxoff.aio._manifest import Crcs
+from jaxoff.aio._pageio import allocate_file, file_size, fsync_dir, fsync_file
+from jaxoff.aio._store_errors import RESTORE_HINT, PageStoreCorruptError, PageStoreError
+
+TABLE_KEYS = (
+    "file_id", "offset", "nbytes", "padded_nbytes", "entry", "chunk", "elem_start", "elem_count"
+)
+
+
+class FileTable:
+    """All page files of a layout in a fixed order: entry by entry, slot A then B, stripe."""
+
+    def __init__(self, root: str, layout: Layout):
+        self.layout = layout
+        self.paths: list[str] = []
+        self.ids: dict[tuple[int, str, int], int] = {}  # (entry index, slot, stripe) -> id
+        self.sizes: list[int] = []
+        for ei, e in enumerate(layout.entries):
+            for s in SLOTS:
+                for k, size in enumerate(e.file_sizes):
+                    self.ids[(ei, s, k)] = len(self.paths)
+                    path = os.path.join(root, layout.relpath(e.name, s, k))
+                    self.paths.append(os.path.normpath(path))
+                    self.sizes.append(size)
+        self._tables: dict[str, dict[str, np.ndarray]] = {}
+
+    def path(self, ei: int, slot: str, stripe: int) -> str:
+        return self.paths[self.ids[(ei, slot, stripe)]]
+
+    def chunk_table(self, slot: str) -> dict[str, np.ndarray]:
+        check_slot(slot)
+        if slot not in self._tables:
+            rows = [
+                (self.ids[(ei, slot, c.stripe)], c.offset, c.nbytes, c.padded_nbytes, ei,
+                 c.index, c.elem_start, c.elem_count)
+                for ei, e in enumerate(self.layout.entries)
+                for c in e.chunks
+            ]
+            cols = np.array(rows, np.int64).reshape(len(rows), len(TABLE_KEYS))
+            self._tables[slot] = {k: cols[:, i].copy() for i, k in enumerate(TABLE_KEYS)}
+        return {k: v.copy() for k, v in self._tables[slot].items()}
+
+    def allocate_all(self) -> None:
+        """Creates every file at its size, blocks reserved; existing contents are kept."""
+        dirs = sorted({os.path.dirname(p) for p in self.paths})
+        for d in dirs:
+            os.makedirs(d, exist_ok=True)
+        for path, size in zip(self.paths, self.sizes, strict=True):
+            allocate_file(path, size)
+        for d in dirs:
+            fsync_dir(d)
+
+    def check(self, crcs: Crcs, active_slot: str, version: int) -> None:
+        """Raises if a file holding committed data is missing or short; re-creates the others.
+
+        Files of the inactive slot (or never written) hold nothing that is needed, so a missing
+        or short one is simply re-created at its size.
+        """
+        for (ei, s, _), fid in self.ids.items():
+            e = self.layout.entries[ei]
+            path, want = self.paths[fid], self.sizes[fid]
+            size = file_size(path)
+            if size == want:
+                continue
+            if s == active_slot and any(c is not None for c in crcs[s][e.name]):
+                if size is None:
+                    raise PageStoreCorruptError(
+                        f"page file {path} of version {version} is missing: " + RESTORE_HINT
+                    )
+                if size < want:
+                    raise PageStoreCorruptError(
+                        f"page file {path} is {want - size} bytes short (expected {want} bytes, "
+                        f"found {size}): the store was damaged, e.g. by a crashed run or a "
+                        "full disk; " + RESTORE_HINT
+                    )
+                continue  # longer than needed: harmless
+            allocate_file(path, want)
+
+    def fsync_slot(self, slot: str) -> None:
+        for (_, s, _), fid in self.ids.items():
+            if s == slot:
+                try:
+                    fsync_file(self.paths[fid])
+                except OSError as e:
+                    raise PageStoreError(
+                        f"fsync of page file {self.paths[fid]} failed: {e}; the previous "
+                        "version is still current"
+                    ) from e
+
+    def remove_stale(self, root: str, old: Layout) -> None:
+        """Deletes the files of an old layout that this one does not use.
+
+        Re-initialising a store with another layout must not leave the old entries' files
+        behind, or disk usage would grow with every change of model.
+        """
+        keep = set(self.paths)
+        for old_file in FileTable(root, old).paths:
+            if old_file not in keep and os.path.exists(old_file):
+                os.remove(old_file)
+
+    def disk_bytes(self) -> int:
+        return sum(os.stat(p).st_blocks * 512 for p in self.paths if os.path.exists(p))
+

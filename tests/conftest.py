@@ -1,0 +1,27 @@
+"""A strict test environment: 4 fake CPU devices and warnings as errors (pyproject.toml).
+
+Strict dtype promotion is not enabled: flax.nnx.LayerNorm itself promotes bfloat16
+with float32 (flax 0.12.8), so bfloat16 models cannot run under it.
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def tiny_train_args(tmp_path):
+    """Keyword arguments of a TrainConfig that trains in a couple of seconds."""
+    return dict(
+        model="tiny",
+        batch_size=4,
+        seq_len=32,
+        steps=12,
+        eval_every=0,
+        ckpt_every=0,
+        progress=False,
+        out_dir=tmp_path / "run",
+    )

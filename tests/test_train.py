@@ -1,0 +1,114 @@
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxoff.train import Batches, TrainConfig, init_state, load_corpus, make_train_step, train
+
+
+def test_batches_are_deterministic_and_shifted():
+    tokens = load_corpus()
+    b = Batches(tokens, batch_size=3, seq_len=16, seed=7)
+    x1, y1 = b(5)
+    x2, y2 = b(5)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+    assert not np.array_equal(b(6)[0], x1)
+    assert x1.dtype == np.int32 and x1.shape == (3, 16)
+
+
+def test_default_corpus_is_python_source():
+    tokens = load_corpus(max_bytes=1 << 20)
+    text = tokens.tobytes()
+    assert b"def " in text and b"import " in text
+    assert tokens.size == 1 << 20
+
+
+def test_data_from_a_text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"hello world. " * 200)
+    tokens = load_corpus(path)
+    assert tokens.tobytes().startswith(b"hello world. hello")
+
+
+def test_tiny_run_loss_falls(tiny_train_args):
+    result = train(TrainConfig(**{**tiny_train_args, "steps": 40, "lr": 3e-3}))
+    losses = result.losses
+    assert len(losses) == 40
+    assert np.mean(losses[-5:]) < losses[0] - 1.0  # ~5.5 -> ~3.5 on byte-level Python
+
+
+def test_metrics_log_records_required_fields(tiny_train_args):
+    cfg = TrainConfig(**{**tiny_train_args, "eval_every": 6})
+    train(cfg)
+    records = [json.loads(line) for line in (cfg.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 13))
+    for key in ("loss", "tokens_per_s", "step_time_s", "peak_rss_gib", "rss_gib"):
+        assert all(r[key] > 0 for r in records), key
+    assert "compile_s" in records[0]
+    assert [r["step"] for r in records if "val_loss" in r] == [6, 12]
+
+
+def test_resume_is_bitwise_exact(tiny_train_args, tmp_path):
+    common = {**tiny_train_args, "steps": 16, "ckpt_every": 5}
+    full = train(TrainConfig(**{**common, "out_dir": tmp_path / "full"}))
+    part = TrainConfig(**{**common, "out_dir": tmp_path / "part", "stop_at": 11})
+    first = train(part)
+    assert first.last_step == 11
+    resumed = train(dataclasses.replace(part, stop_at=0, resume=True))
+    assert resumed.first_step == 11  # the stop checkpointed its last step
+    assert first.losses + resumed.losses == full.losses  # bitwise: float equality
+
+
+def test_resume_after_crash_replays_from_last_checkpoint(tiny_train_args, tmp_path):
+    """A run killed after step 8 (checkpoint at 5) resumes at 5 and logs each step once."""
+    common = {**tiny_train_args, "steps": 10, "ckpt_every": 5, "out_dir": tmp_path / "r"}
+    full = train(TrainConfig(**{**common, "out_dir": tmp_path / "full"}))
+    train(TrainConfig(**{**common, "stop_at": 5}))
+    # Simulate the crash: the log has steps 6..8 written after the last checkpoint.
+    log = tmp_path / "r" / "metrics.jsonl"
+    with open(log, "a") as f:
+        for step in (6, 7, 8):
+            f.write(json.dumps({"step": step, "loss": -1.0}) + "\n")
+    train(TrainConfig(**{**common, "resume": True}))
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 11))
+    assert [r["loss"] for r in records] == full.losses
+
+
+def test_resume_refuses_changed_options(tiny_train_args):
+    cfg = TrainConfig(**{**tiny_train_args, "steps": 4, "ckpt_every": 2})
+    train(cfg)
+    with pytest.raises(ValueError, match="lr"):
+        train(dataclasses.replace(cfg, lr=1e-2, resume=True))
+
+
+def test_existing_run_is_not_overwritten_silently(tiny_train_args):
+    cfg = TrainConfig(**{**tiny_train_args, "steps": 2})
+    train(cfg)
+    with pytest.raises(ValueError, match="--resume"):
+        train(cfg)
+    assert len(train(dataclasses.replace(cfg, overwrite=True)).losses) == 2
+
+
+def test_no_recompilation_on_step_two():
+    cfg = TrainConfig(model="tiny", batch_size=2, seq_len=16)
+    tx = cfg.build_optimizer()
+    graphdef, state = init_state(cfg.model_config(), tx, 0)
+    step = jax.jit(make_train_step(graphdef, tx), donate_argnums=0)
+    batch = Batches(load_corpus(max_bytes=1 << 16), 2, 16, 0)
+    compiles = []
+    listener = lambda event, *a, **k: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        state, _ = step(state, *batch(0))
+        first = len(compiles)
+        for i in range(1, 4):
+            state, m = step(state, *batch(i))
+        jax.block_until_ready(m)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert first >= 1
+    assert len(compiles) == first
