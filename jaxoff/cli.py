@@ -31,9 +31,25 @@ def _train() -> Command:
     return Command(TrainConfig, train, "train a GPT on a byte-level corpus", load_config_file)
 
 
+def _compare() -> Command:
+    from .compare import CompareConfig, compare
+
+    return Command(
+        CompareConfig, compare, "compare remat/offload policies: memory, host bytes, FLOPs, time"
+    )
+
+
+def _io_bench() -> Command:
+    from ._iobench import IOBenchConfig, run
+
+    return Command(IOBenchConfig, run, "measure the async I/O engine (and fio); --tune picks knobs")
+
+
 # name -> factory (imports stay lazy so `jaxoff --help` is fast)
 COMMANDS: dict[str, Callable[[], Command]] = {
     "train": _train,
+    "compare": _compare,
+    "io-bench": _io_bench,
 }
 
 
@@ -73,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             args=rest,
             default=default,
             prog=f"jaxoff {name}",
-            description=command.help + (" (defaults may come from --config FILE.toml)"
-                                        if command.load_file else ""),
+            description=command.help
+            + (" (defaults may come from --config FILE.toml)" if command.load_file else ""),
         )
         if hasattr(config, "validate"):
             config = config.validate()

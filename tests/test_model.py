@@ -93,8 +93,13 @@ def _grads(cfg, tokens):
 
 
 @pytest.mark.parametrize(
-    "policy", ["nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
-               "everything_saveable"]
+    "policy",
+    [
+        "nothing_saveable",
+        "dots_saveable",
+        "dots_with_no_batch_dims_saveable",
+        "everything_saveable",
+    ],
 )
 def test_remat_gradients_match_no_remat(policy):
     tokens = jax.random.randint(jax.random.key(2), (2, 33), 0, VOCAB_SIZE, jnp.int32)

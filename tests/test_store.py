@@ -34,8 +34,10 @@ def _rand(shape, dtype, seed=0):
 
 
 def _same_bits(a, b):
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
-        a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
     )
 
 
@@ -57,8 +59,12 @@ ENTRIES = {
 
 def test_layout_chunks_split_a_leaf_and_stay_aligned():
     layout = plan_layout(
-        {"big": ((10_000,), np.float32), "small": ((3,), np.int8), "empty": ((0, 4), "float32"),
-         "scalar": ((), "bfloat16")},
+        {
+            "big": ((10_000,), np.float32),
+            "small": ((3,), np.int8),
+            "empty": ((0, 4), "float32"),
+            "scalar": ((), "bfloat16"),
+        },
         chunk_bytes=8192,
     )
     big = layout.entry("big")
@@ -80,11 +86,17 @@ def test_layout_chunks_split_a_leaf_and_stay_aligned():
 
 
 def test_layout_stripes_round_robin_over_dirs():
-    layout = plan_layout({"w": ((5 * 1024,), "float32"), "b": ((4,), "float32")}, 4096,
-                         dirs=["d0", "/abs/d1", "d2"])
+    layout = plan_layout(
+        {"w": ((5 * 1024,), "float32"), "b": ((4,), "float32")}, 4096, dirs=["d0", "/abs/d1", "d2"]
+    )
     w = layout.entry("w")
-    assert [(c.stripe, c.offset) for c in w.chunks] == [(0, 0), (1, 0), (2, 0), (0, 4096),
-                                                        (1, 4096)]
+    assert [(c.stripe, c.offset) for c in w.chunks] == [
+        (0, 0),
+        (1, 0),
+        (2, 0),
+        (0, 4096),
+        (1, 4096),
+    ]
     assert w.file_sizes == (8192, 8192, 4096)
     assert layout.relpath("w", "B", 1) == "/abs/d1/w.B.page"
     assert layout.entry("b").file_sizes == (4096,)  # one chunk: one file per slot
@@ -99,8 +111,17 @@ def test_layout_accepts_shape_dtype_structs():
 
 
 def test_stable_names_sanitise_and_hash_only_on_need():
-    names = ["opt.mu.blocks.attn.q.kernel", "opt/mu/x['y']", "a/b", "a_b", "W", "w", "x" * 300,
-             "..", "-rf"]
+    names = [
+        "opt.mu.blocks.attn.q.kernel",
+        "opt/mu/x['y']",
+        "a/b",
+        "a_b",
+        "W",
+        "w",
+        "x" * 300,
+        "..",
+        "-rf",
+    ]
     stems = stable_stems(names)
     assert stems["opt.mu.blocks.attn.q.kernel"] == "opt.mu.blocks.attn.q.kernel"
     assert stems["opt/mu/x['y']"] == "opt_mu_x__y__"
@@ -116,7 +137,10 @@ def test_file_names_are_stable_across_reopen(tmp_path):
     with PageStore.create(tmp_path / "s", ENTRIES, chunk_bytes=KB4) as store:
         files = store.file_table()
     assert [os.path.basename(f) for f in files] == [
-        "opt.mu.w.A.page", "opt.mu.w.B.page", "opt.nu.b.A.page", "opt.nu.b.B.page"
+        "opt.mu.w.A.page",
+        "opt.mu.w.B.page",
+        "opt.nu.b.A.page",
+        "opt.nu.b.B.page",
     ]
     with PageStore.open(tmp_path / "s") as store:
         assert store.file_table() == files
@@ -163,8 +187,12 @@ def test_versions_flip_between_slots(tmp_path):
     raw = v2["opt.mu.w"].reshape(-1).view(np.uint8)
     assert e["crc"]["A"][0] == crc32c.crc32c(raw[:KB4].tobytes())
     assert e["crc"]["B"][0] == crc32c.crc32c(v1["opt.mu.w"].reshape(-1).view(np.uint8)[:KB4])
-    assert e["chunks"][-1] == {"offset": 8 * KB4, "nbytes": (7 * 1301 - 8 * 1024) * 4,
-                               "elem_start": 8 * 1024, "elem_count": 7 * 1301 - 8 * 1024}
+    assert e["chunks"][-1] == {
+        "offset": 8 * KB4,
+        "nbytes": (7 * 1301 - 8 * 1024) * 4,
+        "elem_start": 8 * 1024,
+        "elem_count": 7 * 1301 - 8 * 1024,
+    }
 
 
 def test_abort_and_reopen_discard_uncommitted_writes(tmp_path):
@@ -197,8 +225,16 @@ def test_chunk_io_and_external_writes_via_tables(tmp_path):
     with PageStore.create(tmp_path / "s", ENTRIES, chunk_bytes=KB4, dirs=["d0", "d1"]) as store:
         files = store.file_table()
         table = store.chunk_table(store.inactive_slot)
-        assert set(table) == {"file_id", "offset", "nbytes", "padded_nbytes", "entry", "chunk",
-                              "elem_start", "elem_count"}
+        assert set(table) == {
+            "file_id",
+            "offset",
+            "nbytes",
+            "padded_nbytes",
+            "entry",
+            "chunk",
+            "elem_start",
+            "elem_count",
+        }
         assert all(v.dtype == np.int64 and v.shape == (10,) for v in table.values())
         data = {n: _rand(e.shape, e.dtype, 7) for n, e in store.entries.items()}
         names = list(store.entries)
@@ -304,8 +340,9 @@ def test_disk_usage_constant_over_commits_and_reopens(tmp_path):
         assert store.disk_bytes() == start
         if step % 4 == 3:
             store.close()
-            store = PageStore.open_or_create(root, ENTRIES, chunk_bytes=KB4,
-                                             dirs=["data", str(tmp_path / "x")])
+            store = PageStore.open_or_create(
+                root, ENTRIES, chunk_bytes=KB4, dirs=["data", str(tmp_path / "x")]
+            )
             assert store.version == step + 1
     assert _same_bits(store.read("opt.mu.w"), data["opt.mu.w"])
     store.close()

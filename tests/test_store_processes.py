@@ -32,7 +32,11 @@ def _spawn(code: str, *args: str, stdin=None) -> subprocess.Popen:
     prelude += "from jaxoff.aio import _manifest\nfrom jaxoff.aio._store import PageStore\n"
     return subprocess.Popen(
         [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
-        stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
 
 
@@ -53,8 +57,10 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _v1(root) -> dict[str, np.ndarray]:
-    data = {"opt.mu.w": np.arange(1 << 20, dtype=np.float32),
-            "opt.nu.b": np.linspace(-1, 1, 1000, dtype=np.float32)}
+    data = {
+        "opt.mu.w": np.arange(1 << 20, dtype=np.float32),
+        "opt.nu.b": np.linspace(-1, 1, 1000, dtype=np.float32),
+    }
     with PageStore.create(root, ENTRIES, chunk_bytes=CHUNK) as store:
         for n, a in data.items():
             store.write(n, a)
@@ -80,7 +86,8 @@ def test_lock_refuses_a_second_process(tmp_path):
         sys.stdin.readline()
         store.close()
         """,
-        str(root), stdin=subprocess.PIPE,
+        str(root),
+        stdin=subprocess.PIPE,
     )
     _, pid = _wait_line(child).split()
     with pytest.raises(PageStoreLockedError) as err:
@@ -133,8 +140,9 @@ def test_forked_child_does_not_keep_the_lock(tmp_path):
 def test_lock_is_released_when_the_holder_dies(tmp_path):
     root = tmp_path / "s"
     data = _v1(root)
-    child = _spawn("s = PageStore.open(sys.argv[1]); print('ok', flush=True); time.sleep(600)",
-                   str(root))
+    child = _spawn(
+        "s = PageStore.open(sys.argv[1]); print('ok', flush=True); time.sleep(600)", str(root)
+    )
     assert _wait_line(child) == "ok"
     _kill(child)
     _assert_v1_intact(root, data)
@@ -223,7 +231,8 @@ def test_disk_full_raises_and_keeps_the_last_version(tmp_path):
             out["create"] = [type(e).__name__, str(e), e.path, e.needed_bytes]
         print(json.dumps(out))
         """,
-        str(root), str(limit),
+        str(root),
+        str(limit),
     )
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err

@@ -43,7 +43,9 @@ def test_tiny_run_loss_falls(tiny_train_args):
 def test_metrics_log_records_required_fields(tiny_train_args):
     cfg = TrainConfig(**{**tiny_train_args, "eval_every": 6})
     train(cfg)
-    records = [json.loads(line) for line in (cfg.out_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (cfg.out_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in records] == list(range(1, 13))
     for key in ("loss", "tokens_per_s", "step_time_s", "peak_rss_gib", "rss_gib"):
         assert all(r[key] > 0 for r in records), key

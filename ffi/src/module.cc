@@ -1,6 +1,8 @@
 // jaxoff._ffi: the XLA FFI targets (as PyCapsules) and the Python face of the I/O engine.
 #include <nanobind/nanobind.h>
 
+#include "page_handlers.h"
+#include "py_engine.h"
 #include "smoke_handlers.h"
 
 namespace nb = nanobind;
@@ -17,10 +19,27 @@ nb::capsule EncapsulateHandler(T* fn) {
 }  // namespace
 
 NB_MODULE(_ffi, m) {
+  namespace h = jaxoff::ffi_handlers;
   m.doc() = "jaxoff native code: XLA FFI handlers and the async I/O engine.";
   m.def("registrations", []() {
     nb::dict d;
-    d["jaxoff_copy"] = EncapsulateHandler(jaxoff::ffi_handlers::CopyHandler);
+    d["jaxoff_copy"] = EncapsulateHandler(h::CopyHandler);
+    nb::dict page_in, page_out;
+    page_in["instantiate"] = EncapsulateHandler(h::PageInInstantiate);
+    page_in["execute"] = EncapsulateHandler(h::PageInExecute);
+    page_out["instantiate"] = EncapsulateHandler(h::PageOutInstantiate);
+    page_out["execute"] = EncapsulateHandler(h::PageOutExecute);
+    d["jaxoff_page_in"] = page_in;
+    d["jaxoff_page_out"] = page_out;
     return d;
-  }, "Every XLA FFI target of jaxoff, name -> PyCapsule (platform cpu).");
+  }, "Every XLA FFI target of jaxoff, name -> PyCapsule or {stage: PyCapsule} (platform cpu).");
+  m.def("state_types", []() {
+    nb::dict d, page;
+    page["type_id"] = nb::capsule(reinterpret_cast<void*>(h::PageStateTypeId()));
+    page["type_info"] =
+        nb::capsule(const_cast<void*>(reinterpret_cast<const void*>(h::PageStateTypeInfo())));
+    d["jaxoff_page_state"] = page;
+    return d;
+  }, "FFI state types, name -> {type_id, type_info} capsules for jax.ffi.register_ffi_type.");
+  h::BindEngine(m);
 }

@@ -1,5 +1,15 @@
-"""Async I/O: the page store (crash-consistent page files) and, over the C++ engine, paging calls."""
+"""Async I/O: the C++ engine, the page store (crash-consistent page files), FFI paging calls."""
 
+from ._engine import Engine as Engine
+from ._engine import EngineConfig as EngineConfig
+from ._engine import crc32c as crc32c
+from ._ffi_calls import encode_offsets as encode_offsets
+from ._ffi_calls import new_token as new_token
+from ._ffi_calls import page_in as page_in
+from ._ffi_calls import page_out as page_out
+from ._ffi_calls import register_file_table as register_file_table
+from ._ffi_calls import register_targets as register_targets
+from ._ffi_calls import unregister_file_table as unregister_file_table
 from ._layout import ChunkInfo as ChunkInfo
 from ._layout import EntryLayout as EntryLayout
 from ._layout import Layout as Layout
@@ -14,6 +24,16 @@ from ._store_errors import PageStoreLockedError as PageStoreLockedError
 from ._store_errors import PageStoreNotFoundError as PageStoreNotFoundError
 
 __all__ = [
+    "Engine",
+    "EngineConfig",
+    "crc32c",
+    "encode_offsets",
+    "new_token",
+    "page_in",
+    "page_out",
+    "register_file_table",
+    "register_targets",
+    "unregister_file_table",
     "ChunkInfo",
     "EntryLayout",
     "Layout",

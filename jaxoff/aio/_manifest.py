@@ -67,8 +67,12 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
 
 
 def _chunk_json(c: ChunkInfo) -> dict[str, int]:
-    return {"offset": c.offset, "nbytes": c.nbytes, "elem_start": c.elem_start,
-            "elem_count": c.elem_count}
+    return {
+        "offset": c.offset,
+        "nbytes": c.nbytes,
+        "elem_start": c.elem_start,
+        "elem_count": c.elem_count,
+    }
 
 
 def read(root: str) -> tuple[Layout, int, Crcs]:
@@ -98,7 +102,7 @@ def read(root: str) -> tuple[Layout, int, Crcs]:
         ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise PageStoreFormatError(
-            f"{path} is not a jaxoff page store manifest (no \"format\": \"{FORMAT}\"); "
+            f'{path} is not a jaxoff page store manifest (no "format": "{FORMAT}"); '
             "point the store at its own directory"
         )
     if doc.get("format_version") != FORMAT_VERSION:
@@ -178,12 +182,13 @@ def write(root: str, layout: Layout, version: int, crcs: Crcs) -> None:
                 f"no space to write {tmp} ({len(data)} bytes needed, {os.strerror(e.errno)}); "
                 "the previous version is intact. Free disk space (or raise the file size "
                 "limit) and retry the commit",
-                path=tmp, needed_bytes=len(data), errno=e.errno,
+                path=tmp,
+                needed_bytes=len(data),
+                errno=e.errno,
             ) from None
         raise PageStoreError(f"cannot write {tmp}: {e}") from e
     _replace(tmp, os.path.join(root, MANIFEST))
     fsync_dir(root)
-
 
 
 def check_crc_list(values: Any, n: int, name: str) -> list[int | None]:

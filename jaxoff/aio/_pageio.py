@@ -42,8 +42,7 @@ def _io_write(path: str, offset: int, buffer) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise PageStoreCorruptError(
-            f"page file {path} is missing; the store directory was changed by hand: "
-            + RESTORE_HINT
+            f"page file {path} is missing; the store directory was changed by hand: " + RESTORE_HINT
         ) from None
     try:
         done = 0
@@ -68,8 +67,7 @@ def _io_read(path: str, offset: int, nbytes: int, out: np.ndarray | None = None)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise PageStoreCorruptError(
-            f"page file {path} is missing; the store directory was changed by hand: "
-            + RESTORE_HINT
+            f"page file {path} is missing; the store directory was changed by hand: " + RESTORE_HINT
         ) from None
     try:
         done = 0

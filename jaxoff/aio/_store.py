@@ -52,8 +52,9 @@ class PageStore:
     1 B 15.0
     """
 
-    def __init__(self, root: str, layout: Layout, version: int, crcs: _manifest.Crcs,
-                 lock: StoreLock):
+    def __init__(
+        self, root: str, layout: Layout, version: int, crcs: _manifest.Crcs, lock: StoreLock
+    ):
         self._root = root
         self._layout = layout
         self._version = version
@@ -363,8 +364,7 @@ class PageStore:
         if errors:
             raise PageStoreCorruptError(
                 f"{len(errors)} chunks of {self._root} version {self._version} are damaged; "
-                f"first: {errors[0]}"
-                + ("".join(f"\n  also: {m}" for m in errors[1:4]))
+                f"first: {errors[0]}" + ("".join(f"\n  also: {m}" for m in errors[1:4]))
             )
         return checked
 
@@ -439,8 +439,11 @@ class PageStore:
         if want is None:
             raise PageStoreError(
                 f"chunk {index} of {e.name!r} in slot {slot} holds no data: "
-                + ("nothing is committed yet (version 0); write every entry and commit() first"
-                   if self._version == 0 else "it was never written")
+                + (
+                    "nothing is committed yet (version 0); write every entry and commit() first"
+                    if self._version == 0
+                    else "it was never written"
+                )
             )
         path = self._files.path(ei, slot, c.stripe)
         _io_read(path, c.offset, c.nbytes, out)
@@ -452,4 +455,3 @@ class PageStore:
                 f"crc32c 0x{want:08x}, got 0x{got:08x}. The data on disk was damaged; "
                 + RESTORE_HINT
             )
-

@@ -12,7 +12,14 @@ from jaxoff.aio._pageio import allocate_file, file_size, fsync_dir, fsync_file
 from jaxoff.aio._store_errors import RESTORE_HINT, PageStoreCorruptError, PageStoreError
 
 TABLE_KEYS = (
-    "file_id", "offset", "nbytes", "padded_nbytes", "entry", "chunk", "elem_start", "elem_count"
+    "file_id",
+    "offset",
+    "nbytes",
+    "padded_nbytes",
+    "entry",
+    "chunk",
+    "elem_start",
+    "elem_count",
 )
 
 
@@ -40,8 +47,16 @@ class FileTable:
         check_slot(slot)
         if slot not in self._tables:
             rows = [
-                (self.ids[(ei, slot, c.stripe)], c.offset, c.nbytes, c.padded_nbytes, ei,
-                 c.index, c.elem_start, c.elem_count)
+                (
+                    self.ids[(ei, slot, c.stripe)],
+                    c.offset,
+                    c.nbytes,
+                    c.padded_nbytes,
+                    ei,
+                    c.index,
+                    c.elem_start,
+                    c.elem_count,
+                )
                 for ei, e in enumerate(self.layout.entries)
                 for c in e.chunks
             ]
@@ -109,4 +124,3 @@ class FileTable:
 
     def disk_bytes(self) -> int:
         return sum(os.stat(p).st_blocks * 512 for p in self.paths if os.path.exists(p))
-

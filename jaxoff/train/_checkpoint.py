@@ -44,7 +44,9 @@ def check_resumable(out_dir: Path, config: dict, allowed_changes: frozenset[str]
         )
     saved = json.loads(saved_path.read_text())
     changed = sorted(
-        k for k in set(saved) | set(config) if k not in allowed_changes and saved.get(k) != config.get(k)
+        k
+        for k in set(saved) | set(config)
+        if k not in allowed_changes and saved.get(k) != config.get(k)
     )
     if changed:
         diffs = ", ".join(f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in changed)

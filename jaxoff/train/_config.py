@@ -147,12 +147,23 @@ class TrainConfig:
         return tx
 
     def to_json(self) -> dict:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+        return {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
+        }
 
 
 # Fields that may differ between a run and its resumption without changing the result.
 RESUMABLE_CHANGES = frozenset(
-    {"resume", "overwrite", "stop_at", "progress", "eval_every", "eval_batches", "ckpt_every", "keep_checkpoints"}
+    {
+        "resume",
+        "overwrite",
+        "stop_at",
+        "progress",
+        "eval_every",
+        "eval_batches",
+        "ckpt_every",
+        "keep_checkpoints",
+    }
 )
 
 

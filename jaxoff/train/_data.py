@@ -32,7 +32,9 @@ def _text_files(root: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
-def load_corpus(path: Path | str | None = None, max_bytes: int = DEFAULT_CORPUS_BYTES) -> np.ndarray:
+def load_corpus(
+    path: Path | str | None = None, max_bytes: int = DEFAULT_CORPUS_BYTES
+) -> np.ndarray:
     """Reads a text file or a directory of text files as a ``uint8`` token array.
 
     Files are concatenated in sorted path order (deterministic on one machine),

@@ -67,7 +67,9 @@ def _trim_metrics(path: Path, last_step: int) -> None:
 
 def _with_sharding(abstract):
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), abstract)
+    return jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), abstract
+    )
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -110,6 +112,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     log = MetricsLog(out / "metrics.jsonl")
     records: list[dict] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
+    loop_start = time.perf_counter()
     try:
         with ProgressBar(cfg.steps, start, cfg.progress) as bar:
             for step in range(start + 1, end + 1):
@@ -126,6 +129,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                     "tokens_per_s": tokens_per_step / dt,
                     "rss_gib": rss_bytes() / GIB,
                     "peak_rss_gib": peak_rss_bytes() / GIB,
+                    "elapsed_s": time.perf_counter() - loop_start,
                 }
                 if step == start + 1:
                     record["compile_s"] = compile_s

@@ -1,0 +1,163 @@
+"""Does paging hide behind compute? A jitted lax.scan reads chunk i+1 while computing on chunk i.
+
+Prints the compute-only, I/O-only and pipelined times (medians of --reps), the ratio
+pipelined / max(compute, io) (1.0 = perfect overlap) and the fraction of the I/O hidden:
+(compute + io - pipelined) / min(compute, io). All three are measured in the same run.
+
+    python bench/overlap.py                       # 8 chunks of 32 MiB, O_DIRECT, auto backend
+    python bench/overlap.py --chunk-mib 64 --matmuls 4 --backend posix
+
+XLA's CPU runtime only overlaps an async FFI call with other work when the scan body has more
+than 8 thunks; the compute here is a chain of `--matmuls` matmul+tanh pairs (2 thunks each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxoff.aio._engine import Engine, EngineConfig, crc32c
+from jaxoff.aio._ffi_calls import (
+    encode_offsets,
+    new_token,
+    page_in,
+    register_file_table,
+    unregister_file_table,
+)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--chunk-mib", type=int, default=32, help="chunk size in MiB (float32)")
+    p.add_argument("--chunks", type=int, default=8, help="chunks per scan")
+    p.add_argument("--matmuls", type=int, default=6, help="matmul+tanh pairs per chunk")
+    p.add_argument("--width", type=int, default=256, help="matmul width (chunk is (-1, width))")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--backend", default="auto", choices=["auto", "io_uring", "posix"])
+    p.add_argument("--block-mib", type=int, default=4)
+    p.add_argument("--queue-depth", type=int, default=8)
+    p.add_argument("--no-verify", action="store_true", help="skip the crc32c check on read")
+    p.add_argument("--no-direct", action="store_true", help="buffered I/O instead of O_DIRECT")
+    p.add_argument("--dir", default=None, help="where the page file goes (default: a temp dir)")
+    return p.parse_args(argv)
+
+
+def timed(fns, reps):
+    """Median seconds of each of `fns`, repetitions interleaved so that a burst of foreign load
+    (the machine is shared) costs one sample of every variant rather than all of one."""
+    for fn in fns:
+        jax.block_until_ready(fn())  # compile + warm up
+    ts = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, t in zip(fns, ts, strict=True):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts]
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    elems = (a.chunk_mib << 20) // 4
+    rows = elems // a.width
+    shape = (rows, a.width)
+    chunk_bytes = rows * a.width * 4
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((a.chunks, *shape), dtype=np.float32) * 0.1
+    ws = jnp.asarray(
+        rng.standard_normal((a.matmuls, a.width, a.width), dtype=np.float32) / np.sqrt(a.width)
+    )
+
+    root = a.dir or tempfile.mkdtemp(prefix="jaxoff_overlap_")
+    path = os.path.join(root, "overlap.page")
+    cfg = EngineConfig(
+        block_size=a.block_mib << 20,
+        queue_depth=a.queue_depth,
+        pool_bytes=(a.block_mib << 20) * a.queue_depth,
+        o_direct=not a.no_direct,
+        backend=a.backend,
+    )
+    eng = Engine(cfg)
+    for i in range(a.chunks):
+        eng.write(path, i * chunk_bytes, data[i]).result()
+    crcs = jnp.asarray(np.array([crc32c(d) for d in data], np.uint32))
+    offs = jnp.asarray(encode_offsets([i * chunk_bytes for i in range(a.chunks)]))
+    table = "overlap_bench"
+    register_file_table(table, [path], config=cfg)
+
+    def compute(x):
+        h = x
+        for j in range(a.matmuls):
+            h = jnp.tanh(h @ ws[j])
+        return jnp.sum(h)
+
+    def read(off, crc, tok):
+        return page_in(
+            table, 0, off, crc, tok, shape=shape, dtype=jnp.float32, verify=not a.no_verify
+        )
+
+    @jax.jit
+    def compute_only(xs):
+        return jax.lax.scan(lambda c, x: (c, compute(x)), 0, xs)[1]
+
+    @jax.jit
+    def io_only(crcs, offs):
+        def body(tok, xs):
+            y, tok = read(xs[1], xs[0], tok)
+            return tok, y[0, 0]
+
+        return jax.lax.scan(body, new_token(), (crcs, offs))[1]
+
+    @jax.jit
+    def pipelined(crcs, offs):
+        x0, tok = read(offs[0], crcs[0], new_token())
+
+        def body(carry, xs):
+            x, tok = carry
+            x_next, tok = read(xs[1], xs[0], tok)  # chunk i+1: no data dependence on compute
+            return (x_next, tok), compute(x)  # ... so XLA runs both at once
+
+        (x_last, _), ys = jax.lax.scan(body, (x0, tok), (crcs[1:], offs[1:]))
+        return jnp.concatenate([ys, compute(x_last)[None]])
+
+    xs = jnp.asarray(data)
+    ref = np.asarray(compute_only(xs))
+    got = np.asarray(pipelined(crcs, offs))
+    np.testing.assert_array_equal(got, ref)  # same bytes in, same numbers out
+
+    t_c, t_io, t_p = timed(
+        [lambda: compute_only(xs), lambda: io_only(crcs, offs), lambda: pipelined(crcs, offs)],
+        a.reps,
+    )
+    unregister_file_table(table)
+    total = a.chunks * chunk_bytes
+    hidden = (t_c + t_io - t_p) / min(t_c, t_io)
+    print(
+        f"backend={eng.backend} o_direct={cfg.o_direct} chunks={a.chunks} x "
+        f"{chunk_bytes / 2**20:.0f} MiB, {a.matmuls} matmuls of width {a.width}, "
+        f"block {a.block_mib} MiB, qd {a.queue_depth}, verify={not a.no_verify}, "
+        f"median of {a.reps}"
+    )
+    print(f"  compute only : {t_c * 1e3:8.1f} ms")
+    print(f"  I/O only     : {t_io * 1e3:8.1f} ms  ({total / t_io / 1e9:.2f} GB/s)")
+    print(f"  pipelined    : {t_p * 1e3:8.1f} ms")
+    print(f"  pipelined / max(compute, io) = {t_p / max(t_c, t_io):.3f}")
+    print(
+        f"  I/O hidden   : {100 * hidden:.0f}%  "
+        f"({'compute > io' if t_c > t_io else 'io > compute: hides compute instead'})"
+    )
+    if not a.dir:
+        os.remove(path)
+        os.rmdir(root)
+    return dict(compute=t_c, io=t_io, pipelined=t_p, hidden=hidden)
+
+
+if __name__ == "__main__":
+    main()

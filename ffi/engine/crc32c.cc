@@ -1,0 +1,100 @@
+#include "crc32c.h"
+
+#include <array>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+namespace jaxoff::aio {
+namespace {
+
+constexpr uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
+
+struct Tables {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  constexpr Tables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i) {
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    }
+  }
+};
+
+constexpr Tables kTables{};
+
+#if defined(__x86_64__)
+// One crc32 instruction per 8-byte word (~8 GB/s); far faster than the disk it checks.
+__attribute__((target("sse4.2"))) uint32_t ExtendHw(uint32_t c, const unsigned char* p,
+                                                    size_t n) {
+  while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
+    c = _mm_crc32_u8(c, *p++);
+    --n;
+  }
+  uint64_t c64 = c;
+  while (n >= 64) {
+    uint64_t w[8];
+    std::memcpy(w, p, 64);
+    for (int i = 0; i < 8; ++i) c64 = _mm_crc32_u64(c64, w[i]);
+    p += 64;
+    n -= 64;
+  }
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c64 = _mm_crc32_u64(c64, w);
+    p += 8;
+    n -= 8;
+  }
+  c = static_cast<uint32_t>(c64);
+  while (n--) c = _mm_crc32_u8(c, *p++);
+  return c;
+}
+
+bool DetectHw() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2");
+}
+const bool kHaveHw = DetectHw();
+#else
+const bool kHaveHw = false;
+#endif
+
+uint32_t ExtendTable(uint32_t c, const unsigned char* p, size_t n) {
+  const auto& t = kTables.t;
+  while (n >= 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;  // little-endian only (x86-64, aarch64)
+    c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+        t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xFF];
+  return c;
+}
+
+}  // namespace
+
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size) {
+  return ~ExtendTable(~crc, static_cast<const unsigned char*>(data), size);
+}
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+  if (kHaveHw) return ~ExtendHw(~crc, p, size);
+#endif
+  return ~ExtendTable(~crc, p, size);
+}
+
+bool Crc32cIsHardware() { return kHaveHw; }
+
+}  // namespace jaxoff::aio

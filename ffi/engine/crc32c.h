@@ -1,0 +1,21 @@
+#pragma once
+// CRC-32C (Castagnoli), the checksum of page-file chunks. Equals Python's
+// `crc32c.crc32c(data)`; Extend() continues a checksum over more bytes.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jaxoff::aio {
+
+// crc32c of `data` appended to bytes whose crc32c is `crc` (0 for none).
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
+
+inline uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
+
+// True when the SSE4.2 crc32 instruction is used (else a table-driven fallback).
+bool Crc32cIsHardware();
+
+// The portable table implementation (exposed for tests that compare both paths).
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size);
+
+}  // namespace jaxoff::aio

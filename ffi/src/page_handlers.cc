@@ -1,0 +1,233 @@
+#include "page_handlers.h"
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "crc32c.h"
+#include "file_table.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxoff::ffi_handlers {
+
+struct PageState {
+  static ffi::TypeId id;
+  std::shared_ptr<FileTable> table;
+};
+ffi::TypeId PageState::id = {};
+
+namespace {
+
+const ffi::TypeInfo kPageStateTypeInfo = ffi::MakeTypeInfo<PageState>();
+
+ffi::Future ReadyError(ffi::ErrorCode code, std::string message) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(ffi::Error(code, std::move(message)));
+  return future;
+}
+
+ffi::ErrorOr<std::unique_ptr<PageState>> Instantiate(const char* target, std::string_view table) {
+  auto found = FindFileTable(std::string(table));
+  if (!found) {
+    return ffi::Unexpected<ffi::Error>(ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+                      std::string(target) + ": file table '" + std::string(table) +
+                          "' is not registered; call jaxoff.aio.register_file_table(...) (the "
+                          "PageStore does) before running the program"));
+  }
+  auto state = std::make_unique<PageState>();
+  state->table = std::move(found);
+  return ffi::ErrorOr<std::unique_ptr<PageState>>(std::move(state));
+}
+
+// An integer scalar operand (int32/uint32/int64/uint64), or an offset as uint32[2] = lo, hi
+// (how 64-bit offsets travel when jax_enable_x64 is off).
+bool ReadInteger(const ffi::AnyBuffer& b, int64_t* out) {
+  const void* p = b.untyped_data();
+  const size_t n = b.element_count();
+  switch (b.element_type()) {
+    case ffi::DataType::S32:
+      if (n != 1) return false;
+      *out = *static_cast<const int32_t*>(p);
+      return true;
+    case ffi::DataType::U32: {
+      const auto* u = static_cast<const uint32_t*>(p);
+      if (n == 1) *out = u[0];
+      else if (n == 2) *out = static_cast<int64_t>(u[0] | (static_cast<uint64_t>(u[1]) << 32));
+      else return false;
+      return true;
+    }
+    case ffi::DataType::S64:
+      if (n != 1) return false;
+      *out = *static_cast<const int64_t*>(p);
+      return true;
+    case ffi::DataType::U64:
+      if (n != 1) return false;
+      *out = static_cast<int64_t>(*static_cast<const uint64_t*>(p));
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Resolves (file_id, offset) to a file of the table, or an error message.
+std::string Locate(const char* target, const PageState* state, const ffi::AnyBuffer& file_id,
+                   const ffi::AnyBuffer& offset, std::shared_ptr<const aio::File>* file,
+                   int64_t* off) {
+  int64_t id = 0;
+  if (!ReadInteger(file_id, &id)) {
+    return std::string(target) + ": file_id must be an int32 scalar";
+  }
+  if (!ReadInteger(offset, off) || *off < 0) {
+    return std::string(target) +
+           ": offset must be a non-negative integer scalar (int32/int64) or uint32[2] (lo, hi)";
+  }
+  const auto& files = state->table->files;
+  if (id < 0 || static_cast<size_t>(id) >= files.size()) {
+    return std::string(target) + ": file_id " + std::to_string(id) + " is out of range: table '" +
+           state->table->name + "' has " + std::to_string(files.size()) + " files";
+  }
+  *file = files[static_cast<size_t>(id)];
+  return {};
+}
+
+std::string Hex(uint32_t v) {
+  std::ostringstream os;
+  os << "0x" << std::hex << v;
+  return os.str();
+}
+
+ffi::Future PageIn(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offset,
+                   ffi::AnyBuffer expected_crc, ffi::AnyBuffer /*token*/,
+                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> out_token,
+                   std::string_view /*table*/, bool verify) {
+  try {
+    std::shared_ptr<const aio::File> file;
+    int64_t off = 0;
+    std::string err = Locate("jaxoff_page_in", state, file_id, offset, &file, &off);
+    if (!err.empty()) return ReadyError(ffi::ErrorCode::kInvalidArgument, err);
+    int64_t expected = 0;
+    if (verify && (!ReadInteger(expected_crc, &expected) ||
+                   expected_crc.element_type() != ffi::DataType::U32)) {
+      return ReadyError(ffi::ErrorCode::kInvalidArgument,
+                        "jaxoff_page_in: expected_crc must be a uint32 scalar");
+    }
+    std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
+    void* dst = out->untyped_data();
+    const size_t size = out->size_bytes();
+    ffi::Promise promise;
+    ffi::Future future(promise);
+    state->table->engine->Read(
+        file, static_cast<uint64_t>(off), dst, size,
+        [promise, file, off, dst, size, verify, expected](const aio::IoStatus& s) mutable {
+          if (!s.ok()) {
+            promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, "jaxoff_page_in: " + s.message));
+            return;
+          }
+          if (verify) {
+            const uint32_t actual = aio::Crc32c(dst, size);
+            if (actual != static_cast<uint32_t>(expected)) {
+              promise.SetError(ffi::Error(
+                  ffi::ErrorCode::kDataLoss,
+                  "jaxoff_page_in: checksum mismatch in " + file->path() + " at offset " +
+                      std::to_string(off) + " (" + std::to_string(size) +
+                      " bytes): expected crc32c " + Hex(static_cast<uint32_t>(expected)) +
+                      ", read " + Hex(actual) +
+                      ". The page file is corrupt or was written by a crashed run; restore the "
+                      "store from the last checkpoint (resume), or delete the store to start "
+                      "over"));
+              return;
+            }
+          }
+          promise.SetAvailable();
+        });
+    return future;
+  } catch (const std::exception& e) {
+    return ReadyError(ffi::ErrorCode::kInternal, std::string("jaxoff_page_in: ") + e.what());
+  }
+}
+
+ffi::Future PageOut(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offset,
+                    ffi::AnyBuffer x, ffi::AnyBuffer /*token*/,
+                    ffi::Result<ffi::AnyBuffer> crc_out, ffi::Result<ffi::AnyBuffer> out_token,
+                    std::string_view /*table*/) {
+  try {
+    std::shared_ptr<const aio::File> file;
+    int64_t off = 0;
+    std::string err = Locate("jaxoff_page_out", state, file_id, offset, &file, &off);
+    if (!err.empty()) return ReadyError(ffi::ErrorCode::kInvalidArgument, err);
+    if (crc_out->element_type() != ffi::DataType::U32 || crc_out->element_count() != 1) {
+      return ReadyError(ffi::ErrorCode::kInvalidArgument,
+                        "jaxoff_page_out: the crc result must be a uint32 scalar");
+    }
+    const void* src = x.untyped_data();
+    const size_t size = x.size_bytes();
+    *static_cast<uint32_t*>(crc_out->untyped_data()) = aio::Crc32c(src, size);
+    std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
+    ffi::Promise promise;
+    ffi::Future future(promise);
+    state->table->engine->Write(file, static_cast<uint64_t>(off), src, size,
+                                [promise](const aio::IoStatus& s) mutable {
+                                  if (s.ok()) {
+                                    promise.SetAvailable();
+                                  } else {
+                                    promise.SetError(ffi::Error(ffi::ErrorCode::kInternal,
+                                                                "jaxoff_page_out: " + s.message));
+                                  }
+                                });
+    return future;
+  } catch (const std::exception& e) {
+    return ReadyError(ffi::ErrorCode::kInternal, std::string("jaxoff_page_out: ") + e.what());
+  }
+}
+
+ffi::ErrorOr<std::unique_ptr<PageState>> PageInInstantiateImpl(std::string_view table, bool) {
+  return Instantiate("jaxoff_page_in", table);
+}
+ffi::ErrorOr<std::unique_ptr<PageState>> PageOutInstantiateImpl(std::string_view table) {
+  return Instantiate("jaxoff_page_out", table);
+}
+
+}  // namespace
+
+XLA_FFI_TypeId* PageStateTypeId() { return &PageState::id; }
+const XLA_FFI_TypeInfo* PageStateTypeInfo() { return &kPageStateTypeInfo; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageInInstantiate, PageInInstantiateImpl,
+                              ffi::Ffi::BindInstantiate()
+                                  .Attr<std::string_view>("table")
+                                  .Attr<bool>("verify"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageInExecute, PageIn,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<PageState>>()
+                                  .Arg<ffi::AnyBuffer>()  // file_id
+                                  .Arg<ffi::AnyBuffer>()  // offset
+                                  .Arg<ffi::AnyBuffer>()  // expected_crc
+                                  .Arg<ffi::AnyBuffer>()  // token
+                                  .Ret<ffi::AnyBuffer>()  // the tensor
+                                  .Ret<ffi::AnyBuffer>()  // token
+                                  .Attr<std::string_view>("table")
+                                  .Attr<bool>("verify"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageOutInstantiate, PageOutInstantiateImpl,
+                              ffi::Ffi::BindInstantiate().Attr<std::string_view>("table"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageOutExecute, PageOut,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<PageState>>()
+                                  .Arg<ffi::AnyBuffer>()  // file_id
+                                  .Arg<ffi::AnyBuffer>()  // offset
+                                  .Arg<ffi::AnyBuffer>()  // the tensor
+                                  .Arg<ffi::AnyBuffer>()  // token
+                                  .Ret<ffi::AnyBuffer>()  // crc32c (uint32 scalar)
+                                  .Ret<ffi::AnyBuffer>()  // token
+                                  .Attr<std::string_view>("table"));
+
+}  // namespace jaxoff::ffi_handlers

@@ -1,0 +1,39 @@
+#include <cstring>
+#include <string>
+
+#include "crc32c.h"
+#include "test_util.h"
+
+using jaxoff::aio::Crc32c;
+using jaxoff::aio::Crc32cExtend;
+using jaxoff::aio::Crc32cExtendPortable;
+using jaxoff::aio::testing::RandomBytes;
+
+TEST(Crc32cKnownVectors) {
+  // RFC 3720 (iSCSI) test vectors and the classic check value.
+  CHECK_EQ(Crc32c("", 0), 0u);
+  CHECK_EQ(Crc32c("123456789", 9), 0xE3069283u);
+  std::string zeros(32, '\0'), ones(32, '\xff');
+  CHECK_EQ(Crc32c(zeros.data(), 32), 0x8A9136AAu);
+  CHECK_EQ(Crc32c(ones.data(), 32), 0x62A8AB43u);
+}
+
+TEST(Crc32cHardwareMatchesTable) {
+  auto data = RandomBytes(1 << 16, 7);
+  for (size_t start : {0, 1, 3, 7}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 4095, 4097, 60000}) {
+      const char* p = data.data() + start;
+      CHECK_EQ(Crc32cExtend(0, p, n), Crc32cExtendPortable(0, p, n));
+    }
+  }
+}
+
+TEST(Crc32cExtendIsConcatenation) {
+  auto data = RandomBytes(10000, 11);
+  const uint32_t whole = Crc32c(data.data(), data.size());
+  for (size_t cut : {0, 1, 4096, 9999, 10000}) {
+    uint32_t c = Crc32cExtend(0, data.data(), cut);
+    c = Crc32cExtend(c, data.data() + cut, data.size() - cut);
+    CHECK_EQ(c, whole);
+  }
+}

@@ -1,0 +1,397 @@
+"""`jaxoff io-bench`: read/write GB/s of the I/O engine (numpy API and XLA FFI path) against fio.
+
+Every configuration is measured engine / FFI / fio side by side on the same files, repetitions
+interleaved across configurations, and reported as medians plus the median of per-sample ratios
+engine/fio (the disk here is noisy: compare ratios from one run, not absolute figures).
+`--tune` sweeps the knobs and writes the best EngineConfig (JSON or TOML) for `EngineConfig.load`.
+
+    python bench/io_bench.py                                  # default sweep
+    python bench/io_bench.py --sizes 256M --block-sizes 1M,8M --queue-depths 8,32
+    python bench/io_bench.py --tune --out engine.toml         # pick knobs for this disk
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from jaxoff._errors import ConfigError
+from jaxoff.aio._engine import Engine, EngineConfig
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'256M' -> 268435456 (K/M/G are binary units)."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in _UNITS:
+        return int(float(text[:-1]) * _UNITS[text[-1]])
+    return int(text)
+
+
+def fmt_size(n: int) -> str:
+    for unit in ("G", "M", "K"):
+        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One measured configuration."""
+
+    op: str  # "read" | "write"
+    size: int
+    config: EngineConfig
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        return (
+            f"{self.op:5s} {fmt_size(self.size):>5s} bs={fmt_size(c.block_size):>3s} "
+            f"qd={c.queue_depth:<3d} thr={c.threads} {c.backend}"
+        )
+
+
+def fio_available() -> bool:
+    return shutil.which("fio") is not None
+
+
+def run_fio(
+    path: str,
+    op: str,
+    size: int,
+    block_size: int,
+    iodepth: int,
+    numjobs: int = 1,
+    ioengine: str = "libaio",
+) -> float:
+    """GB/s of one fio job (direct=1) on `path`, which must hold `size` bytes."""
+    cmd = [
+        "fio",
+        "--output-format=json",
+        "--name=jaxoff",
+        f"--filename={path}",
+        f"--rw={op}",
+        f"--bs={block_size}",
+        f"--iodepth={iodepth}",
+        f"--numjobs={numjobs}",
+        f"--ioengine={ioengine}",
+        "--direct=1",
+        f"--size={size // numjobs}",
+        "--group_reporting",
+        "--thread",
+    ]
+    if numjobs > 1:
+        cmd.append(f"--offset_increment={size // numjobs}")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0][op]
+    return job["io_bytes"] / (job["runtime"] / 1e3) / 1e9 if job["runtime"] else math.nan
+
+
+def aligned_empty(n: int, align: int = 4096) -> np.ndarray:
+    """An uninitialised uint8 array of `n` bytes whose data starts on an `align` boundary."""
+    raw = np.empty(n + align, np.uint8)
+    start = -raw.ctypes.data % align
+    a = raw[start : start + n]
+    a[:] = 0  # first touch now, not inside a timed read
+    return a
+
+
+class Bench:
+    """Files, engines and FFI tables of one run (cleaned up by close())."""
+
+    def __init__(self, root: str, sizes: Sequence[int], with_ffi: bool):
+        self.root = root
+        self.with_ffi = with_ffi
+        # Page-aligned host arrays (like DeepSpeed's pinned tensors): O_DIRECT goes straight to
+        # them; unaligned arrays would be staged through the engine's pool instead.
+        self.data = {s: aligned_empty(s) for s in sizes}
+        for s, d in self.data.items():
+            d[:] = np.random.default_rng(s).integers(0, 255, s, dtype=np.uint8)
+        self.out = {s: aligned_empty(s) for s in sizes}
+        self._engines: dict[EngineConfig, Engine] = {}
+        self._tables: dict[tuple[EngineConfig, int], Callable] = {}
+        base = Engine(EngineConfig(block_size=8 << 20, pool_bytes=64 << 20))
+        for s in sizes:  # written once, untimed: reads read them, writes overwrite them
+            for name in ("engine", "fio", "ffi"):
+                base.write(self.path(name, s), 0, self.data[s]).result()
+
+    def path(self, who: str, size: int) -> str:
+        return os.path.join(self.root, f"{who}.{size}.bin")
+
+    def engine(self, cfg: EngineConfig) -> Engine:
+        if cfg not in self._engines:
+            self._engines[cfg] = Engine(cfg)
+        return self._engines[cfg]
+
+    def time_engine(self, case: Case) -> float:
+        eng = self.engine(case.config)
+        p = self.path("engine", case.size)
+        t0 = time.perf_counter()
+        if case.op == "read":
+            eng.read_into(p, 0, self.out[case.size]).result()
+        else:
+            eng.write(p, 0, self.data[case.size]).result()
+        return case.size / (time.perf_counter() - t0) / 1e9
+
+    def time_ffi(self, case: Case) -> float:
+        import jax
+        import jax.numpy as jnp
+
+        from jaxoff.aio._ffi_calls import new_token, page_in, page_out, register_file_table
+
+        key = (case.config, case.size)
+        if key not in self._tables:
+            name = f"iobench_{len(self._tables)}"
+            register_file_table(name, [self.path("ffi", case.size)], config=case.config)
+            n = case.size // 4
+            read = jax.jit(
+                lambda: page_in(
+                    name, 0, 0, 0, new_token(), shape=(n,), dtype=jnp.float32, verify=False
+                )[0]
+            )
+            write = jax.jit(lambda x: page_out(name, 0, 0, x, new_token())[1])
+            x = jnp.asarray(self.data[case.size].view(np.float32))
+            jax.block_until_ready((read(), write(x)))  # compile
+            self._tables[key] = (read, write, x)
+        read, write, x = self._tables[key]
+        t0 = time.perf_counter()
+        jax.block_until_ready(read() if case.op == "read" else write(x))
+        return case.size / (time.perf_counter() - t0) / 1e9
+
+    def time_fio(self, case: Case) -> float:
+        c = case.config
+        return run_fio(self.path("fio", case.size), case.op, case.size, c.block_size, c.queue_depth)
+
+    def close(self):
+        from jaxoff.aio._ffi_calls import unregister_file_table
+
+        for i in range(len(self._tables)):
+            unregister_file_table(f"iobench_{i}")
+        self._tables.clear()
+        self._engines.clear()
+
+
+def measure(
+    bench: Bench, cases: Sequence[Case], reps: int, use_fio: bool, progress: bool = True
+) -> list[dict]:
+    """Interleaved repetitions of every case; one result dict per case."""
+    kinds = ["engine"] + (["ffi"] if bench.with_ffi else []) + (["fio"] if use_fio else [])
+    samples = {(i, k): [] for i in range(len(cases)) for k in kinds}
+    timers = {"engine": bench.time_engine, "ffi": bench.time_ffi, "fio": bench.time_fio}
+    total = reps * len(cases) * len(kinds)
+    bar = _progress(progress)
+    with bar:
+        task = bar.add_task("io-bench", total=total)
+        for rep in range(reps):
+            for i, case in enumerate(cases):
+                order = kinds if rep % 2 == 0 else kinds[::-1]  # alternate who goes first
+                for k in order:
+                    bar.update(task, description=f"{k:6s} {case.label}")
+                    samples[(i, k)].append(timers[k](case))
+                    bar.advance(task)
+    results = []
+    for i, case in enumerate(cases):
+        r = dict(op=case.op, size=case.size, **case.config.as_kwargs())
+        for k in kinds:
+            r[f"{k}_GBps"] = statistics.median(samples[(i, k)])
+        if use_fio:
+            for k in ("engine", "ffi"):
+                if k in kinds:
+                    r[f"{k}_vs_fio"] = statistics.median(
+                        a / b for a, b in zip(samples[(i, k)], samples[(i, "fio")], strict=True)
+                    )
+        results.append(r)
+    return results
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        disable=not enabled,
+        transient=True,
+    )
+
+
+def print_table(results: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="jaxoff I/O engine vs fio (GB/s = 1e9 B/s, medians)")
+    cols = [
+        "op",
+        "size",
+        "block",
+        "qd",
+        "thr",
+        "backend",
+        "engine",
+        "ffi",
+        "fio",
+        "engine/fio",
+        "ffi/fio",
+    ]
+    for c in cols:
+        t.add_column(c, justify="right")
+
+    def f(r, k):
+        return f"{r[k]:.2f}" if k in r else "-"
+
+    for r in results:
+        t.add_row(
+            r["op"],
+            fmt_size(r["size"]),
+            fmt_size(r["block_size"]),
+            str(r["queue_depth"]),
+            str(r["threads"]),
+            r["backend"],
+            f(r, "engine_GBps"),
+            f(r, "ffi_GBps"),
+            f(r, "fio_GBps"),
+            f(r, "engine_vs_fio"),
+            f(r, "ffi_vs_fio"),
+        )
+    Console().print(t)
+
+
+def tune(
+    bench: Bench, size: int, block_sizes, queue_depths, threads, backends, reps: int, progress: bool
+) -> tuple[EngineConfig, list[dict]]:
+    """The config with the best geometric mean of read and write engine GB/s."""
+    cases = []
+    for bs, qd, thr, be in itertools.product(block_sizes, queue_depths, threads, backends):
+        if be == "io_uring" and thr != threads[0]:
+            continue  # threads only matter to the POSIX backend
+        cfg = EngineConfig(
+            block_size=bs, queue_depth=qd, threads=thr, pool_bytes=bs * min(qd, 16), backend=be
+        )
+        cases += [Case("read", size, cfg), Case("write", size, cfg)]
+    results = measure(bench, cases, reps, use_fio=False, progress=progress)
+    score: dict[EngineConfig, list[float]] = {}
+    for case, r in zip(cases, results, strict=True):
+        score.setdefault(case.config, []).append(r["engine_GBps"])
+    best = max(score, key=lambda c: math.prod(score[c]))
+    return best, results
+
+
+@dataclasses.dataclass(frozen=True)
+class IOBenchConfig:
+    """Options of ``jaxoff io-bench``.
+
+    Attributes:
+        dir: directory for the test files (default: a temporary directory).
+        sizes: tensor sizes, e.g. 64M,256M,1G.
+        ops: read, write or both.
+        block_sizes: engine block sizes to measure (tune sweeps them).
+        queue_depths: requests in flight (tune sweeps them).
+        threads: POSIX backend threads (tune sweeps them).
+        backends: auto, io_uring, posix.
+        pool_bytes: staging pool per engine.
+        reps: repetitions per configuration (medians are reported).
+        fio: run fio on the same files: auto (when installed), on, off.
+        no_ffi: skip the XLA FFI path.
+        tune: sweep the knobs and write the best engine configuration to --out.
+        out: where --tune writes the configuration (.json or .toml).
+        json: also write the results as JSON lines here.
+        no_progress: hide the progress bar.
+    """
+
+    dir: str | None = None
+    sizes: str = "64M,256M"
+    ops: str = "read,write"
+    block_sizes: str = "1M,8M"
+    queue_depths: str = "8,32"
+    threads: str = "2"
+    backends: str = "auto"
+    pool_bytes: str = "64M"
+    reps: int = 5
+    fio: str = "auto"
+    no_ffi: bool = False
+    tune: bool = False
+    out: str = "engine_config.json"
+    json: str | None = None
+    no_progress: bool = False
+
+    def validate(self) -> IOBenchConfig:
+        try:
+            for field in (self.sizes, self.block_sizes, self.pool_bytes):
+                [parse_size(s) for s in field.split(",")]
+            [int(q) for q in self.queue_depths.split(",")]
+            [int(t) for t in self.threads.split(",")]
+        except ValueError as e:
+            raise ConfigError(f"io-bench: {e}") from None
+        if self.fio not in ("auto", "on", "off"):
+            raise ConfigError(f"--fio must be auto, on or off, got {self.fio!r}")
+        if self.fio == "on" and not fio_available():
+            raise ConfigError("--fio on: fio not found; install it (apt-get install fio)")
+        if self.reps < 1:
+            raise ConfigError(f"--reps must be at least 1, got {self.reps}")
+        return self
+
+
+def run(a: IOBenchConfig) -> int:
+    """Runs the benchmark (or the tuning sweep) described by ``a``."""
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    blocks = [parse_size(s) for s in a.block_sizes.split(",")]
+    qds = [int(q) for q in a.queue_depths.split(",")]
+    threads = [int(t) for t in a.threads.split(",")]
+    backends = a.backends.split(",")
+    use_fio = a.fio == "on" or (a.fio == "auto" and fio_available())
+    if not use_fio and a.fio == "auto":
+        print("fio not found: engine/fio ratios skipped (install: apt-get install fio)")
+    root = tempfile.mkdtemp(prefix="jaxoff_iobench_", dir=a.dir)
+    bench = Bench(root, sizes if not a.tune else sizes[:1], with_ffi=not a.no_ffi and not a.tune)
+    try:
+        if a.tune:
+            best, results = tune(
+                bench, sizes[0], blocks, qds, threads, backends, a.reps, not a.no_progress
+            )
+            print_table(results)
+            best.save(a.out)
+            print(f"best: {best}\nwritten to {a.out} (load with EngineConfig.load)")
+        else:
+            cases = [
+                Case(
+                    op,
+                    s,
+                    EngineConfig(
+                        block_size=bs,
+                        queue_depth=qd,
+                        threads=thr,
+                        pool_bytes=max(parse_size(a.pool_bytes), bs),
+                        backend=be,
+                    ),
+                )
+                for op in a.ops.split(",")
+                for s in sizes
+                for bs in blocks
+                for qd in qds
+                for thr in threads
+                for be in backends
+            ]
+            results = measure(bench, cases, a.reps, use_fio, not a.no_progress)
+            print_table(results)
+        if a.json:
+            with open(a.json, "w") as f:
+                for r in results:
+                    f.write(json.dumps(r) + "\n")
+    finally:
+        bench.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0

@@ -1,0 +1,208 @@
+"""Typed wrappers of the XLA FFI paging calls ``jaxoff_page_in`` / ``jaxoff_page_out``.
+
+A program pages through a *file table*: a named list of files registered once from Python
+(:func:`register_file_table`). Calls name the table (a compile-time attribute) and pass the
+file index, byte offset and checksum as *operands*, so one compiled program serves every step
+and every chunk (slot flips and per-chunk offsets are data, never recompiles).
+
+Both calls are asynchronous on the C++ side (they return an ``ffi::Future`` completed by the
+engine's completion thread), so XLA keeps computing while the disk works; order between calls
+comes only from the *token*: feed the token returned by one call into the next. Two calls
+without a token path between them may run in any order.
+
+Offsets: with ``jax_enable_x64`` off JAX has no int64 arrays, so an offset operand may be an
+int32 scalar (< 2 GiB), or ``uint32[2]`` = (low word, high word) — :func:`encode_offsets` makes
+those from Python/numpy integers. With x64 on, an int64 scalar works too.
+
+>>> import jax, jax.numpy as jnp, tempfile, os
+>>> d = tempfile.mkdtemp()
+>>> register_file_table("doc", [os.path.join(d, "a.bin")])
+>>> @jax.jit
+... def roundtrip(x):
+...     crc, tok = page_out("doc", 0, encode_offsets(0), x, new_token())
+...     y, tok = page_in("doc", 0, encode_offsets(0), crc, tok, shape=x.shape, dtype=x.dtype)
+...     return y
+>>> bool((roundtrip(jnp.arange(5.0)) == jnp.arange(5.0)).all())
+True
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxoff import _ffi
+from jaxoff.aio._engine import EngineConfig
+
+PAGE_IN = "jaxoff_page_in"
+PAGE_OUT = "jaxoff_page_out"
+
+_lock = threading.Lock()
+_registered = False
+
+
+def register_targets() -> None:
+    """Registers every jaxoff FFI target and state type with XLA (CPU). Idempotent.
+
+    State types can only be registered once a backend exists, so this calls ``jax.devices()``.
+    """
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        jax.devices()
+        for name, type_registration in _ffi.state_types().items():
+            jax.ffi.register_ffi_type(name, type_registration, platform="cpu")
+        for name, capsule in _ffi.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        _registered = True
+
+
+def register_file_table(
+    name: str,
+    paths: Sequence[str | os.PathLike | Sequence[str | os.PathLike]],
+    *,
+    config: EngineConfig | None = None,
+    stripe_bytes: int = 0,
+) -> None:
+    """Opens (creating if missing) the files a program pages to, under the table ``name``.
+
+    Args:
+      name: the table's name, passed as ``table=`` to :func:`page_in` / :func:`page_out`.
+        Registering a name again replaces the table (running executables keep the old one).
+      paths: ``file_id`` ``i`` is ``paths[i]``: one path, or a list of paths over which one
+        logical file is striped round-robin in ``stripe_bytes`` chunks (e.g. one per disk).
+      config: engine knobs for this table (its own ring/threads and staging pool).
+      stripe_bytes: stripe size for striped entries; a positive multiple of 4096.
+
+    Raises:
+      OSError: a file cannot be opened (message names the path, errno and what to do).
+      ValueError: a bad knob.
+    """
+    config = config if config is not None else EngineConfig()
+    files = []
+    for p in paths:
+        if isinstance(p, str | os.PathLike):
+            files.append([os.fspath(p)])
+        else:
+            files.append([os.fspath(q) for q in p])
+    _ffi.register_file_table(name, files, stripe_bytes=int(stripe_bytes), **config.as_kwargs())
+
+
+def unregister_file_table(name: str) -> bool:
+    """Forgets a table (files close once no executable uses it). False if it did not exist."""
+    return bool(_ffi.unregister_file_table(name))
+
+
+def file_table_backend(name: str) -> str | None:
+    """The engine backend (``io_uring`` / ``posix``) of a registered table, else None."""
+    return _ffi.file_table_backend(name)
+
+
+def new_token() -> jax.Array:
+    """A fresh token (int32 scalar) to start a chain of paging calls."""
+    return jnp.zeros((), jnp.int32)
+
+
+def encode_offsets(offsets: Any) -> np.ndarray:
+    """Byte offsets (ints, any shape) as ``uint32[..., 2]`` (low, high): an offset operand that
+    needs no x64. Use the result as ``lax.scan`` xs to give each chunk its own offset.
+
+    >>> encode_offsets([1, 1 << 33]).tolist()
+    [[1, 0], [0, 2]]
+    """
+    o = np.asarray(offsets, dtype=np.int64)
+    if (o < 0).any():
+        raise ValueError("offsets must be non-negative")
+    u = o.astype(np.uint64)
+    return np.stack([(u & 0xFFFFFFFF).astype(np.uint32), (u >> 32).astype(np.uint32)], axis=-1)
+
+
+def _offset_operand(offset: Any) -> jax.Array:
+    if isinstance(offset, int | np.integer):
+        return jnp.asarray(encode_offsets(int(offset)))
+    offset = jnp.asarray(offset)
+    ok = (offset.shape == () and offset.dtype in (jnp.int32, jnp.uint32, jnp.int64)) or (
+        offset.shape == (2,) and offset.dtype == jnp.uint32
+    )
+    if not ok:
+        raise TypeError(
+            f"offset must be an int, an int32/int64 scalar or uint32[2] (lo, hi) "
+            f"from encode_offsets; got {offset.dtype}{list(offset.shape)}"
+        )
+    return offset
+
+
+def _file_id_operand(file_id: Any) -> jax.Array:
+    file_id = jnp.asarray(file_id)
+    if file_id.shape != () or not jnp.issubdtype(file_id.dtype, jnp.integer):
+        raise TypeError(f"file_id must be an integer scalar, got {file_id.dtype}{file_id.shape}")
+    return file_id.astype(jnp.int32)
+
+
+_TOKEN = jax.ShapeDtypeStruct((), jnp.int32)
+
+
+def page_in(
+    table: str,
+    file_id: Any,
+    offset: Any,
+    expected_crc: Any,
+    token: jax.Array,
+    *,
+    shape: Sequence[int],
+    dtype: Any,
+    verify: bool = True,
+) -> tuple[jax.Array, jax.Array]:
+    """Reads a tensor of ``shape``/``dtype`` from ``offset`` of file ``file_id`` of ``table``.
+
+    Works inside ``jit`` and ``lax.scan`` (all of ``file_id``, ``offset``, ``expected_crc`` may
+    be traced). With ``verify``, the crc32c of the bytes read must equal ``expected_crc``
+    (uint32), else the program fails with ``DATA_LOSS`` naming the path, offset and both
+    checksums.
+
+    Returns:
+      ``(tensor, token)``; pass the token to the next call that must come after this one.
+    """
+    register_targets()
+    crc = jnp.asarray(expected_crc if verify else 0).astype(jnp.uint32)
+    out, token = jax.ffi.ffi_call(
+        PAGE_IN,
+        (jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)), _TOKEN),
+        has_side_effect=True,
+    )(
+        _file_id_operand(file_id),
+        _offset_operand(offset),
+        crc,
+        token,
+        table=str(table),
+        verify=bool(verify),
+    )
+    return out, token
+
+
+def page_out(
+    table: str, file_id: Any, offset: Any, x: jax.Array, token: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Writes the bytes of ``x`` at ``offset`` of file ``file_id`` of ``table``.
+
+    With O_DIRECT the tail is zero-padded to 4 KiB, so the slot at ``offset`` must reserve
+    ``round_up(x.nbytes, 4096)`` bytes.
+
+    Returns:
+      ``(crc, token)``: the crc32c (uint32) of the bytes written, and a token that is ready
+      once the write is on its way to disk (the program's results wait for the write).
+    """
+    register_targets()
+    crc, token = jax.ffi.ffi_call(
+        PAGE_OUT,
+        (jax.ShapeDtypeStruct((), jnp.uint32), _TOKEN),
+        has_side_effect=True,
+    )(_file_id_operand(file_id), _offset_operand(offset), jnp.asarray(x), token, table=str(table))
+    return crc, token

@@ -1,0 +1,235 @@
+"""jaxoff_page_in / jaxoff_page_out inside jit and lax.scan, for both engine backends."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import crc32c as crc32c_pkg
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jaxoff import _ffi
+from jaxoff.aio._engine import EngineConfig
+from jaxoff.aio._ffi_calls import (
+    encode_offsets,
+    file_table_backend,
+    new_token,
+    page_in,
+    page_out,
+    register_file_table,
+    unregister_file_table,
+)
+
+BACKENDS = ["posix"] + (["io_uring"] if _ffi.uring_compiled_in() else [])
+
+
+@pytest.fixture(params=BACKENDS)
+def table(request, tmp_path):
+    """A registered table of three files, one engine of the parametrized backend."""
+    name = f"t_{request.param}_{os.getpid()}_{id(tmp_path)}"
+    paths = [tmp_path / f"f{i}.page" for i in range(3)]
+    cfg = EngineConfig(
+        block_size=256 << 10, queue_depth=8, pool_bytes=2 << 20, backend=request.param
+    )
+    register_file_table(name, paths, config=cfg)
+    assert file_table_backend(name) == request.param
+    yield name, paths
+    unregister_file_table(name)
+
+
+def random_array(shape, dtype, seed):
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    return (
+        np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).view(dtype).reshape(shape)
+    )
+
+
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        ((1,), np.float32),
+        ((1023,), np.float32),
+        ((4097,), np.int8),
+        ((3, 1001), np.int8),
+        ((1000003,), np.float32),
+        ((77, 13), ml_dtypes.bfloat16),
+        ((5,), np.int32),
+    ],
+    ids=str,
+)
+def test_roundtrip_in_jit_is_bitwise(table, shape, dtype):
+    name, paths = table
+    x = random_array(shape, dtype, 1)
+
+    @jax.jit
+    def roundtrip(x, file_id, offset):
+        crc, tok = page_out(name, file_id, offset, x, new_token())
+        y, tok = page_in(name, file_id, offset, crc, tok, shape=x.shape, dtype=x.dtype)
+        return y, crc
+
+    y, crc = roundtrip(x, 1, encode_offsets(8192))
+    assert np.asarray(y).tobytes() == x.tobytes()
+    assert int(crc) == crc32c_pkg.crc32c(x.tobytes())
+    with open(paths[1], "rb") as f:
+        f.seek(8192)
+        assert f.read(x.nbytes) == x.tobytes()
+
+
+def test_scan_pages_chunks_with_offsets_as_operands(table):
+    name, _ = table
+    chunks, elems = 6, 1001  # 4004-byte chunks in 4096-byte slots
+    x = random_array((chunks, elems), np.float32, 2)
+    # Chunk i goes to file i % 3; the last one beyond 4 GiB (a sparse file: uses the high word).
+    file_ids = np.arange(chunks, dtype=np.int32) % 3
+    offsets = encode_offsets([4096 * i for i in range(chunks - 1)] + [(5 << 30) + 4096])
+
+    @jax.jit
+    def write_all(x, file_ids, offsets):
+        def body(tok, xs):
+            chunk, fid, off = xs
+            crc, tok = page_out(name, fid, off, chunk, tok)
+            return tok, crc
+
+        return jax.lax.scan(body, new_token(), (x, file_ids, offsets))
+
+    @jax.jit
+    def read_all(crcs, file_ids, offsets, tok):
+        def body(tok, xs):
+            crc, fid, off = xs
+            y, tok = page_in(name, fid, off, crc, tok, shape=(elems,), dtype=jnp.float32)
+            return tok, y
+
+        return jax.lax.scan(body, tok, (crcs, file_ids, offsets))[1]
+
+    tok, crcs = write_all(x, file_ids, offsets)
+    y = read_all(crcs, file_ids, offsets, tok)
+    assert np.asarray(y).tobytes() == x.tobytes()
+    assert [int(c) for c in crcs] == [crc32c_pkg.crc32c(r.tobytes()) for r in x]
+    # Reading in another order with other offsets reuses the compiled program.
+    perm = np.array([3, 1, 5, 0, 2, 4])
+    y2 = read_all(crcs[perm], file_ids[perm], offsets[perm], tok)
+    assert np.asarray(y2).tobytes() == x[perm].tobytes()
+    assert read_all._cache_size() == 1
+
+
+def test_flipped_byte_is_detected(table):
+    name, paths = table
+    x = random_array((5000,), np.float32, 3)
+    off = encode_offsets(4096)
+    crc, tok = jax.jit(lambda x: page_out(name, 2, off, x, new_token()))(x)
+    jax.block_until_ready(crc)
+    with open(paths[2], "r+b") as f:
+        f.seek(4096 + 12345)
+        b = f.read(1)
+        f.seek(4096 + 12345)
+        f.write(bytes([b[0] ^ 0x10]))
+
+    read = jax.jit(
+        lambda crc, verify: page_in(
+            name, 2, off, crc, new_token(), shape=x.shape, dtype=x.dtype, verify=verify
+        )[0],
+        static_argnums=1,
+    )
+    with pytest.raises(jax.errors.JaxRuntimeError) as e:
+        jax.block_until_ready(read(crc, True))
+    msg = str(e.value)
+    assert "checksum mismatch" in msg and str(paths[2]) in msg and "offset 4096" in msg
+    assert f"{int(crc):#x}" in msg and "restore" in msg
+    # Without verification the corrupted bytes come through, differing in exactly one byte.
+    got = np.asarray(read(crc, False)).view(np.uint8)
+    assert np.count_nonzero(got != x.view(np.uint8)) == 1
+
+
+def test_unregistered_table_and_bad_file_id_are_clear_errors(table):
+    name, _ = table
+    with pytest.raises(Exception, match="not registered"):
+        jax.block_until_ready(
+            jax.jit(
+                lambda: page_in(
+                    "no_such_table", 0, 0, 0, new_token(), shape=(4,), dtype=jnp.float32
+                )
+            )()
+        )
+    with pytest.raises(jax.errors.JaxRuntimeError, match="file_id 7 is out of range"):
+        jax.block_until_ready(
+            jax.jit(
+                lambda: page_in(
+                    name, 7, 0, 0, new_token(), shape=(4,), dtype=jnp.float32, verify=False
+                )
+            )()
+        )
+
+
+def test_read_past_end_is_a_clear_error(table):
+    name, paths = table
+    with pytest.raises(jax.errors.JaxRuntimeError, match="past the end") as e:
+        jax.block_until_ready(
+            jax.jit(
+                lambda: page_in(
+                    name, 0, 1 << 20, 0, new_token(), shape=(4,), dtype=jnp.float32, verify=False
+                )
+            )()
+        )
+    assert str(paths[0]) in str(e.value)
+
+
+def _run(script, env_extra=None, timeout=180):
+    env = os.environ.copy()
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_disk_full_gives_clear_error(tmp_path, backend):
+    out = _run(f"""
+        import resource, signal, jax, jax.numpy as jnp
+        from jaxoff.aio._engine import EngineConfig
+        from jaxoff.aio._ffi_calls import register_file_table, page_out, new_token
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        register_file_table("full", [{str(tmp_path / "full.page")!r}],
+                            config=EngineConfig(backend={backend!r}))
+        try:
+            jax.block_until_ready(jax.jit(lambda x: page_out("full", 0, 0, x, new_token()))(
+                jnp.ones(1 << 20, jnp.float32)))
+            print("NO ERROR")
+        except Exception as e:
+            print(type(e).__name__, e)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "JaxRuntimeError" in out.stdout and "EFBIG" in out.stdout, out.stdout
+    assert str(tmp_path / "full.page") in out.stdout and "RLIMIT_FSIZE" in out.stdout
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_env_var_selects_backend(tmp_path, backend):
+    out = _run(
+        f"""
+        import numpy as np, jax, jax.numpy as jnp
+        from jaxoff.aio._ffi_calls import (register_file_table, file_table_backend, page_in,
+                                           page_out, new_token)
+        register_file_table("env", [{str(tmp_path / "e.page")!r}])
+        x = jnp.arange(12345, dtype=jnp.float32)
+        @jax.jit
+        def f(x):
+            crc, tok = page_out("env", 0, 0, x, new_token())
+            return page_in("env", 0, 0, crc, tok, shape=x.shape, dtype=x.dtype)[0]
+        print(file_table_backend("env"), bool((np.asarray(f(x)) == np.asarray(x)).all()))
+    """,
+        {"JAXOFF_AIO_BACKEND": backend},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [backend, "True"]
