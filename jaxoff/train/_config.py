@@ -20,7 +20,9 @@ class TrainConfig:
 
     Attributes:
         model: named size from ``models.gpt.CONFIGS`` (tiny, mini, small, medium, large, xl, ...).
-        policy: remat policy of the scanned layers: ``none`` or a ``jax.checkpoint_policies`` name.
+        policy: remat/offload policy of the scanned layers: a preset (none, full, selective,
+            offload_all, offload_dots, sqrt, ...), a ``jax.checkpoint_policies`` name, or
+            ``name=action`` pairs such as ``attn_probs=remat;mlp_act=offload;*=device``.
         positions: ``learned`` or ``rotary`` position encoding.
         dtype: compute dtype (float32 or bfloat16).
         param_dtype: parameter dtype (float32 or bfloat16).
@@ -110,18 +112,18 @@ class TrainConfig:
         return self
 
     def model_config(self):
-        """The ``models.gpt.GPTConfig`` this run trains."""
+        """The ``models.gpt.GPTConfig`` this run trains (policy and remat segments applied)."""
         from models.gpt import CONFIGS
 
-        from ..policy import resolve_policy
+        from ..policy import apply_policy
 
-        return dataclasses.replace(
+        base = dataclasses.replace(
             CONFIGS[self.model],
             positions=self.positions,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            policy=resolve_policy(self.policy),
         )
+        return apply_policy(base, self.policy)
 
     def schedule(self) -> optax.Schedule:
         warmup = min(self.warmup_steps, self.steps - 1)

@@ -1,0 +1,80 @@
+"""``jaxoff compare`` options: one frozen dataclass, validated."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from .._errors import ConfigError
+
+DEFAULT_POLICIES = "none,full,dots_saveable,selective,offload_all,offload_dots,sqrt"
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+    """Compiles the real training step once per policy and measures it.
+
+    Attributes:
+        model: named size from ``models.gpt.CONFIGS`` (tiny, mini, small, ...).
+        policies: comma-separated presets or a JAX policy name; a custom
+            ``name=action`` policy is one entry with ``;`` between its pairs
+            (``"none,attn_probs=remat;*=device"``) or a ``.toml`` file.
+        batch_size: sequences per step.
+        seq_len: tokens per sequence.
+        steps: timed steps per policy (after warm-up); the median is reported.
+        warmup: untimed steps before timing (the first one includes nothing to compile:
+            the step is compiled ahead of time).
+        out_dir: where compare.csv, compare.json and compare.png go.
+        check_export: export each train step for cuda and tpu and check that exactly the
+            offloaded names are placed in host memory.
+        isolate: measure each policy in its own subprocess so peak RSS figures don't mix.
+        seed: parameter init and token seed.
+    """
+
+    model: str = "tiny"
+    policies: str = DEFAULT_POLICIES
+    batch_size: Annotated[int, tyro.conf.arg(aliases=("--batch",))] = 8
+    seq_len: Annotated[int, tyro.conf.arg(aliases=("--seq",))] = 128
+    steps: int = 5
+    warmup: int = 2
+    out_dir: Annotated[Path, tyro.conf.arg(aliases=("--out",))] = Path("runs/compare")
+    check_export: bool = False
+    isolate: bool = True
+    seed: int = 0
+
+    def policy_list(self) -> list[str]:
+        """The policy spellings, in order, ``;`` turned back into ``,``."""
+        return [p.strip().replace(";", ",") for p in self.policies.split(",") if p.strip()]
+
+    def validate(self) -> CompareConfig:
+        """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
+        from models.gpt import CONFIGS
+
+        from ..policy import JAX_POLICIES, get_policy
+
+        if self.model not in CONFIGS:
+            raise ConfigError(
+                f"--model {self.model!r} is not a known size; choose one of {', '.join(CONFIGS)}"
+            )
+        for name in ("batch_size", "seq_len", "steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.warmup < 0:
+            raise ConfigError("--warmup must be 0 or more")
+        if self.seq_len > CONFIGS[self.model].max_seq_len:
+            raise ConfigError(
+                f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
+                f"{CONFIGS[self.model].max_seq_len}"
+            )
+        specs = self.policy_list()
+        if not specs:
+            raise ConfigError("--policies is empty; give e.g. none,full,selective")
+        if len(set(specs)) != len(specs):
+            raise ConfigError(f"--policies lists a policy twice: {self.policies}")
+        for spec in specs:
+            if spec not in JAX_POLICIES:
+                get_policy(spec)  # raises ConfigError listing the valid names
+        return self

@@ -1,0 +1,200 @@
+"""Measures one policy: compiled memory, host traffic, FLOPs, step time, peak RSS.
+
+Run in-process with :func:`measure_policy`, or isolated with :func:`measure_isolated`
+(a child ``python -m jaxoff.compare._measure`` per policy, so each peak RSS is its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from .._errors import JaxoffError
+
+
+def model_config(model: str, spec: str):
+    """``CONFIGS[model]`` with the policy spelled ``spec`` applied (policy + segments)."""
+    from models.gpt import CONFIGS
+
+    from ..policy import apply_policy
+
+    return apply_policy(CONFIGS[model], spec)
+
+
+def optimizer() -> optax.GradientTransformation:
+    """The optimizer of every compared step (AdamW, as ``jaxoff train``'s default)."""
+    return optax.adamw(1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
+
+
+def _tokens(batch: int, seq: int):
+    return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+
+def compile_step(model_cfg, batch: int, seq: int):
+    """``(compiled, jitted, abstract_state)`` of the real train step, state donated."""
+    from ..train._step import abstract_state, make_train_step
+
+    tx = optimizer()
+    graphdef, state = abstract_state(model_cfg, tx)
+    jitted = jax.jit(make_train_step(graphdef, tx), donate_argnums=0)
+    tok = _tokens(batch, seq)
+    return jitted.lower(state, tok, tok).compile(), jitted, state
+
+
+def _flops(compiled) -> float:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return float(cost.get("flops", 0.0))
+
+
+def step_flops(model_cfg, batch: int, seq: int) -> float:
+    """FLOPs of one train step, corrected for XLA counting a loop body once.
+
+    ``cost_analysis()`` counts a while-loop body once whatever its trip count. We
+    compile the same step for 1 layer and for 2 layers with the scan fully unrolled
+    (``scan_unroll`` = layers, so every block is in the counted body exactly once):
+    ``F1 = outside + per_layer`` and ``F2 = outside + 2 per_layer``. Everything the
+    step does per layer (forward, recompute, backward, optimizer update of that
+    layer's parameters) is the same for every layer, so the step at L layers costs
+    ``F1 + (L - 1) (F2 - F1)``. ``remat_every`` is capped at the probe's layer count, so
+    a sqrt policy is probed as segments of 1 and 2 blocks (each block recomputed once
+    in backward, as at any segment size).
+    """
+    probes = []
+    for layers in (1, 2):
+        probe = dataclasses.replace(
+            model_cfg,
+            num_layers=layers,
+            scan_unroll=layers,
+            remat_every=min(model_cfg.remat_every, layers),
+        )
+        probes.append(_flops(compile_step(probe, batch, seq)[0]))
+    f1, f2 = probes
+    return f1 + (model_cfg.num_layers - 1) * (f2 - f1)
+
+
+def host_bytes(jaxpr) -> int:
+    """Bytes the step copies to host memory: ``device_put`` to a host memory space in
+    the jaxpr, each weighted by the trip counts of the scans around it."""
+    total = 0
+
+    def is_host(dst) -> bool:
+        kind = getattr(dst, "memory_kind", None) or str(dst)
+        return "host" in kind.lower()
+
+    def walk(jx, mult: int):
+        nonlocal total
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "device_put" and any(
+                is_host(d) for d in eqn.params.get("devices", ())
+            ):
+                total += mult * sum(
+                    math.prod(v.aval.shape) * v.aval.dtype.itemsize for v in eqn.outvars
+                )
+            inner = mult * eqn.params["length"] if eqn.primitive.name == "scan" else mult
+            for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else _subs(eqn):
+                walk(sub, inner)
+
+    walk(jaxpr.jaxpr, 1)
+    return total
+
+
+def _subs(eqn):
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, list | tuple) else (value,):
+            if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
+                yield sub.jaxpr
+            elif type(sub).__name__ == "Jaxpr":
+                yield sub
+
+
+def measure_policy(
+    model: str, spec: str, batch: int, seq: int, steps: int, warmup: int, seed: int = 0
+) -> dict:
+    """Every figure of one policy, as a JSON-able dict (see ``_report.COLUMNS``)."""
+    from ..train._step import init_state, make_train_step
+
+    cfg = model_config(model, spec)
+    t0 = time.perf_counter()
+    compiled, _, abstract = compile_step(cfg, batch, seq)
+    compile_s = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    tok = _tokens(batch, seq)
+    from ..train._step import abstract_state
+
+    graphdef, _ = abstract_state(cfg, optimizer())
+    jaxpr = jax.make_jaxpr(make_train_step(graphdef, optimizer()))(abstract, tok, tok)
+    flops = step_flops(cfg, batch, seq)
+
+    _, state = init_state(cfg, optimizer(), seed)
+    key = jax.random.key(seed)
+    tokens = jax.random.randint(key, (batch, seq + 1), 0, 256, dtype=jnp.int32)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        state, metrics = compiled(state, inputs, targets)
+        jax.block_until_ready((state, metrics))
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return {
+        "policy": spec,
+        "remat_every": cfg.remat_every,
+        "temp_bytes": int(mem.temp_size_in_bytes),
+        "argument_bytes": int(mem.argument_size_in_bytes),
+        "host_bytes": host_bytes(jaxpr),
+        "flops": flops,
+        "step_s": statistics.median(times),
+        "compile_s": compile_s,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "loss": float(metrics["loss"]),
+    }
+
+
+def measure_isolated(
+    model: str,
+    spec: str,
+    batch: int,
+    seq: int,
+    steps: int,
+    warmup: int,
+    seed: int = 0,
+    timeout: float = 1800,
+) -> dict:
+    """:func:`measure_policy` in a fresh Python process (its own peak RSS)."""
+    args = json.dumps(
+        dict(model=model, spec=spec, batch=batch, seq=seq, steps=steps, warmup=warmup, seed=seed)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxoff.compare._measure", args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+        raise JaxoffError(
+            f"measuring policy {spec!r} failed in its subprocess (exit {proc.returncode}):\n"
+            + "\n".join(tail)
+            + (
+                "\n(exit -9 usually means the OOM killer: try a smaller --batch-size/--seq-len)"
+                if proc.returncode == -9
+                else ""
+            )
+        )
+    return json.loads(lines[-1])
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure_policy(**json.loads(sys.argv[1]))))

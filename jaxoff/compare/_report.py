@@ -1,0 +1,112 @@
+"""Turns measured rows into a rich table, CSV, JSON and a Pareto plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+MiB = 2**20
+
+# column key -> (header, formatter); the CSV/JSON keep the raw numbers
+COLUMNS: dict[str, tuple[str, object]] = {
+    "policy": ("policy", str),
+    "remat_every": ("remat unit", lambda k: "block" if k == 1 else f"{k} blocks"),
+    "temp_bytes": ("temp MiB", lambda b: f"{b / MiB:,.1f}"),
+    "host_bytes": ("host MiB/step", lambda b: f"{b / MiB:,.1f}" if b else "0"),
+    "recompute_overhead": ("recompute", lambda r: f"{r:+.1%}"),
+    "step_s": ("step ms", lambda s: f"{s * 1e3:,.1f}"),
+    "peak_rss_bytes": ("RSS MiB", lambda b: f"{b / MiB:,.0f}"),
+    "export_ok": ("export", lambda v: {True: "ok", False: "WRONG"}.get(v, "-")),
+    "pareto": ("pareto", lambda p: "*" if p else ""),
+}
+
+
+def pareto(rows: list[dict], x: str = "temp_bytes", y: str = "step_s") -> list[bool]:
+    """Rows no other row beats on both ``x`` and ``y`` (lower is better)."""
+    return [
+        not any(o[x] <= r[x] and o[y] <= r[y] and (o[x] < r[x] or o[y] < r[y]) for o in rows)
+        for r in rows
+    ]
+
+
+def finish_rows(rows: list[dict], baseline_flops: float) -> list[dict]:
+    """Adds the recompute overhead (vs no remat) and the Pareto flag."""
+    for r in rows:
+        r["recompute_overhead"] = r["flops"] / baseline_flops - 1.0
+    for r, front in zip(rows, pareto(rows), strict=True):
+        r["pareto"] = front
+    return rows
+
+
+def table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    keys = [k for k in COLUMNS if k != "export_ok" or any("export_ok" in r for r in rows)]
+    for k in keys:
+        t.add_column(COLUMNS[k][0], justify="left" if k == "policy" else "right")
+    for r in rows:
+        t.add_row(*(COLUMNS[k][1](r.get(k)) for k in keys))
+    return t
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table as GitHub markdown (for docs)."""
+    keys = [k for k in COLUMNS if k != "export_ok" or any("export_ok" in r for r in rows)]
+    lines = [
+        "| " + " | ".join(COLUMNS[k][0] for k in keys) + " |",
+        "|" + "|".join("---" if k == "policy" else "---:" for k in keys) + "|",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(COLUMNS[k][1](r.get(k)) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    keys = [k for k in rows[0] if not isinstance(rows[0][k], dict)]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_json(rows: list[dict], meta: dict, path: Path) -> None:
+    path.write_text(json.dumps({"meta": meta, "policies": rows}, indent=2) + "\n")
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Device temp memory vs step time, one point per policy, the Pareto front joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for r in rows:
+        x, y = r["temp_bytes"] / MiB, r["step_s"] * 1e3
+        ax.scatter(
+            x,
+            y,
+            s=60 if r["pareto"] else 30,
+            color="tab:red" if r["pareto"] else "tab:blue",
+            zorder=3,
+        )
+        ax.annotate(r["policy"][:28], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front = sorted((r["temp_bytes"] / MiB, r["step_s"] * 1e3) for r in rows if r["pareto"])
+    if front:
+        ax.step(
+            *zip(*front, strict=True),
+            where="post",
+            color="tab:red",
+            alpha=0.6,
+            label="Pareto front (lower-left is better)",
+        )
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_xlabel("device temp memory (MiB, compiled.memory_analysis)")
+    ax.set_ylabel("step time (ms, median)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,107 @@
+"""``jaxoff compare``: measure every policy, then print and write the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import _report
+from ._config import CompareConfig
+
+
+def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
+    """Measures each policy of ``cfg`` and writes compare.{csv,json,png} to ``cfg.out_dir``.
+
+    Returns the rows (one dict per policy, raw numbers; see ``_report.COLUMNS``).
+
+    Example:
+        >>> from jaxoff.compare import CompareConfig, compare
+        >>> rows = compare(CompareConfig(model="tiny", policies="none,full",  # doctest: +SKIP
+        ...                              batch_size=2, seq_len=16, steps=2))
+    """
+    from ._measure import measure_isolated, measure_policy, model_config, step_flops
+
+    console = console or Console()
+    specs = cfg.policy_list()
+    measure = measure_isolated if cfg.isolate else measure_policy
+    rows = []
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("compare", total=len(specs) * (2 if cfg.check_export else 1) + 1)
+        for spec in specs:
+            progress.update(task, description=f"compile + run {spec}")
+            rows.append(
+                measure(
+                    cfg.model, spec, cfg.batch_size, cfg.seq_len, cfg.steps, cfg.warmup, cfg.seed
+                )
+            )
+            progress.advance(task)
+        progress.update(task, description="baseline FLOPs (none)")
+        base = [r["flops"] for r in rows if r["policy"] == "none"]
+        baseline = (
+            base[0]
+            if base
+            else step_flops(model_config(cfg.model, "none"), cfg.batch_size, cfg.seq_len)
+        )
+        progress.advance(task)
+        if cfg.check_export:
+            from ._export import check_export
+
+            for r in rows:
+                progress.update(task, description=f"export cuda/tpu {r['policy']}")
+                r["export"] = check_export(cfg.model, r["policy"], cfg.batch_size, cfg.seq_len)
+                r["export_ok"] = r["export"]["ok"]
+                progress.advance(task)
+        progress.update(task, description="done")
+    _report.finish_rows(rows, baseline)
+
+    title = (
+        f"jaxoff compare: model {cfg.model}, batch {cfg.batch_size}, seq {cfg.seq_len}, "
+        f"{cfg.steps} timed steps"
+    )
+    console.print(_report.table(rows, title))
+    if cfg.check_export:
+        for r in rows:
+            e = r["export"]
+            if e["offloaded"]:
+                console.print(
+                    f"  {r['policy']}: on host in cuda/tpu export: "
+                    f"{', '.join(e['cuda']['host_names']) or 'nothing'}"
+                    + (
+                        f"; not residuals (nothing to offload): "
+                        f"{', '.join(e['cuda']['not_residuals'])}"
+                        if e["cuda"]["not_residuals"]
+                        else ""
+                    )
+                )
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "model": cfg.model,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "steps": cfg.steps,
+        "warmup": cfg.warmup,
+        "isolate": cfg.isolate,
+        "num_layers": model_config(cfg.model, "none").num_layers,
+        "baseline_flops": baseline,
+    }
+    _report.write_csv(rows, out / "compare.csv")
+    _report.write_json(rows, meta, out / "compare.json")
+    _report.plot(rows, out / "compare.png", title)
+    (out / "compare.md").write_text(_report.markdown(rows) + "\n")
+    console.print(f"wrote {out / 'compare.csv'}, compare.json, compare.md, compare.png")
+    if cfg.check_export and not all(r["export_ok"] for r in rows):
+        from .._errors import JaxoffError
+
+        bad = [r["policy"] for r in rows if not r["export_ok"]]
+        raise JaxoffError(f"host placement in the cuda/tpu export is wrong for {bad}")
+    return rows

@@ -1,0 +1,256 @@
+"""The policy dataclass, its one translation to ``jax.checkpoint_policies``, and parsing.
+
+A :class:`Policy` gives every residual name (``models.gpt.RESIDUAL_NAMES``) one
+:class:`Action`. Intermediates that carry no name are recomputed under a names-based
+policy unless ``untagged`` says JAX's dot policies keep them. So ``device`` for every
+name is close to, but not the same as, no remat: the untagged values between named
+ones (e.g. the LayerNorm statistics, the GELU's inner terms) are recomputed in the
+backward pass. ``remat=False`` (the ``none`` preset) is no remat at all: the scan body
+is not wrapped in ``nnx.remat``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+import jax
+
+from .._errors import ConfigError
+
+
+class Action(enum.Enum):
+    """What happens to one named residual between the forward and the backward pass."""
+
+    DEVICE = "device"  # kept in device memory
+    OFFLOAD = "offload"  # copied to host memory (pinned_host), copied back for backward
+    REMAT = "remat"  # dropped, recomputed in the backward pass
+
+
+class Untagged(enum.Enum):
+    """What a policy does with intermediates that carry no ``checkpoint_name``."""
+
+    RECOMPUTE = "recompute"
+    DOTS = "dots_saveable"  # every dot_general output is kept (JAX's dots_saveable)
+    DOTS_NO_BATCH = "dots_with_no_batch_dims_saveable"  # dots without batch dims kept
+
+
+class Segments(enum.Enum):
+    """The unit of remat: one block, or ~sqrt(num_layers) blocks (Chen et al. 2016)."""
+
+    LAYER = "layer"
+    SQRT = "sqrt"
+
+
+# Table, not a ladder: the JAX policy each Untagged value adds to the names policy.
+_UNTAGGED_POLICY: dict[Untagged, Callable | None] = {
+    Untagged.RECOMPUTE: None,
+    Untagged.DOTS: jax.checkpoint_policies.dots_saveable,
+    Untagged.DOTS_NO_BATCH: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+OFFLOAD_SRC, OFFLOAD_DST = "device", "pinned_host"
+
+
+def residual_names() -> tuple[str, ...]:
+    """The names the model tags (``models.gpt.RESIDUAL_NAMES``)."""
+    from models.gpt import RESIDUAL_NAMES
+
+    return RESIDUAL_NAMES
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Where every named residual of a block lives between forward and backward.
+
+    Attributes:
+        actions: ``(name, Action)`` for every residual name, in the model's order.
+        untagged: what happens to intermediates without a name.
+        remat: ``False`` means no remat at all (``actions`` is then ignored).
+        segments: remat each block, or segments of ~sqrt(L) blocks.
+
+    Example:
+        >>> from jaxoff.policy import Policy
+        >>> p = Policy.parse("attn_probs=remat,mlp_act=offload,*=device")
+        >>> p.action("mlp_act").value, p.offloaded()
+        ('offload', ('mlp_act',))
+    """
+
+    actions: tuple[tuple[str, Action], ...]
+    untagged: Untagged = Untagged.RECOMPUTE
+    remat: bool = True
+    segments: Segments = Segments.LAYER
+
+    def __post_init__(self):
+        names = [n for n, _ in self.actions]
+        valid = residual_names()
+        unknown = [n for n in names if n not in valid]
+        if unknown:
+            raise ConfigError(_unknown_names_message(unknown, valid))
+        missing = [n for n in valid if n not in names]
+        if missing or len(names) != len(set(names)):
+            raise ConfigError(
+                f"a policy gives every residual name exactly one action; missing {missing}, "
+                f"duplicated {sorted({n for n in names if names.count(n) > 1})}"
+            )
+
+    @classmethod
+    def uniform(cls, action: Action, **kw) -> Policy:
+        """Every name gets ``action``."""
+        return cls(tuple((n, action) for n in residual_names()), **kw)
+
+    @classmethod
+    def from_mapping(
+        cls, mapping: Mapping[str, str | Action], *, base: Policy | None = None, **kw
+    ) -> Policy:
+        """``{name: action}`` with ``"*"`` for every name not listed.
+
+        Names not listed and not covered by ``"*"`` keep ``base``'s action, or are
+        recomputed when there is no base (as in JAX's names-based policies).
+        """
+        parsed = {key: _action(value, key) for key, value in mapping.items()}
+        valid = residual_names()
+        unknown = [n for n in parsed if n != "*" and n not in valid]
+        if unknown:
+            raise ConfigError(_unknown_names_message(unknown, valid))
+        default = parsed.pop("*", None)
+        start = dict(base.actions) if base is not None else dict.fromkeys(valid, Action.REMAT)
+        if default is not None:
+            start = dict.fromkeys(valid, default)
+        start.update(parsed)
+        if base is not None:
+            kw = {"untagged": base.untagged, "segments": base.segments, **kw}
+        return cls(tuple((n, start[n]) for n in valid), **kw)
+
+    @classmethod
+    def parse(cls, text: str) -> Policy:
+        """Parses ``"name=action,...,*=action"``; a leading preset name is a base.
+
+        ``"selective,mlp_act=offload"`` starts from the ``selective`` preset.
+        """
+        from ._presets import PRESETS
+
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items:
+            raise ConfigError("empty policy; write e.g. 'attn_probs=remat,*=device'")
+        base = None
+        if "=" not in items[0]:
+            name = items.pop(0)
+            if name not in PRESETS:
+                raise ConfigError(
+                    f"policy {text!r}: {name!r} is neither a preset nor name=action; "
+                    f"presets are {', '.join(PRESETS)}"
+                )
+            base = PRESETS[name].policy
+        mapping: dict[str, str] = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(
+                    f"policy {text!r}: {item!r} is not name=action "
+                    f"(actions: {', '.join(a.value for a in Action)})"
+                )
+            if key.strip() in mapping:
+                raise ConfigError(f"policy {text!r}: {key.strip()!r} is given twice")
+            mapping[key.strip()] = value.strip()
+        return cls.from_mapping(mapping, base=base)
+
+    def action(self, name: str) -> Action:
+        return dict(self.actions)[name]
+
+    def names_with(self, action: Action) -> tuple[str, ...]:
+        return tuple(n for n, a in self.actions if a is action)
+
+    def offloaded(self) -> tuple[str, ...]:
+        """Names copied to host memory (empty when ``remat`` is off)."""
+        return self.names_with(Action.OFFLOAD) if self.remat else ()
+
+    def to_jax(self) -> Callable | None:
+        """The ``jax.checkpoint_policies`` policy of this Policy (``None``: no remat)."""
+        return to_jax_policy(self)
+
+    def segment_size(self, num_layers: int) -> int:
+        """Blocks per remat segment for a model of ``num_layers`` layers."""
+        return sqrt_segment(num_layers) if self.segments is Segments.SQRT else 1
+
+    def describe(self) -> str:
+        """Compact spelling that :meth:`parse` reads back (segments/untagged aside)."""
+        if not self.remat:
+            return "no remat"
+        by = {a: self.names_with(a) for a in Action}
+        common = max(Action, key=lambda a: len(by[a]))
+        parts = [f"{n}={a.value}" for n, a in self.actions if a is not common]
+        return ",".join(parts + [f"*={common.value}"])
+
+
+def to_jax_policy(policy: Policy) -> Callable | None:
+    """The one translation from :class:`Policy` to a JAX checkpoint policy.
+
+    Names to ``device`` are saved, names to ``offload`` are offloaded
+    (``save_and_offload_only_these_names`` from ``device`` to ``pinned_host``), every
+    other value is recomputed unless ``untagged`` adds JAX's dot policies. When no name
+    is kept or offloaded, the JAX policy is returned itself (``nothing_saveable``,
+    ``dots_saveable``, ...), so presets are exactly JAX's.
+    """
+    if not policy.remat:
+        return None
+    saved, offloaded = policy.names_with(Action.DEVICE), policy.names_with(Action.OFFLOAD)
+    base = _UNTAGGED_POLICY[policy.untagged]
+    if not saved and not offloaded:
+        return base if base is not None else jax.checkpoint_policies.nothing_saveable
+    names = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=saved,
+        names_which_can_be_offloaded=offloaded,
+        offload_src=OFFLOAD_SRC,
+        offload_dst=OFFLOAD_DST,
+    )
+    if base is None:
+        return names
+    return _names_then(names, base)
+
+
+def _names_then(names: Callable, base: Callable) -> Callable:
+    """Names decide first (save/offload); otherwise ``base`` decides (a bool)."""
+    # jax.checkpoint_policies.save_from_both_policies refuses Offloadable results.
+    from jax._src.interpreters import partial_eval as pe
+
+    def policy(prim, *args, **params):
+        out = names(prim, *args, **params)
+        return out if out is not pe.Recompute else base(prim, *args, **params)
+
+    return policy
+
+
+def sqrt_segment(num_layers: int) -> int:
+    """Blocks per segment for Chen et al.'s sqrt(L) checkpointing.
+
+    The divisor of ``num_layers`` nearest sqrt(L) (other than 1 and L), so the stacked
+    parameters reshape without a copy; a prime L uses round(sqrt(L)) and a shorter
+    last segment.
+    """
+    root = math.sqrt(num_layers)
+    divisors = [d for d in range(2, num_layers) if num_layers % d == 0]
+    if divisors:
+        return min(divisors, key=lambda d: (abs(d - root), -d))
+    return max(1, round(root))
+
+
+def _action(value: str | Action, name: str) -> Action:
+    if isinstance(value, Action):
+        return value
+    try:
+        return Action(str(value).strip().lower())
+    except ValueError:
+        raise ConfigError(
+            f"policy: {name}={value!r} is not an action; choose one of "
+            f"{', '.join(a.value for a in Action)}"
+        ) from None
+
+
+def _unknown_names_message(unknown: Iterable[str], valid: Iterable[str]) -> str:
+    return (
+        f"policy: {', '.join(map(repr, unknown))} is not a residual name the model produces; "
+        f"valid names are {', '.join(valid)} (and '*' for every name not listed)"
+    )

@@ -1,0 +1,153 @@
+"""Policy dataclass, presets, parsing and its one translation to JAX policies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import pytest
+
+from jaxoff._errors import ConfigError
+from jaxoff.policy import (
+    PRESETS,
+    Action,
+    Policy,
+    Segments,
+    Untagged,
+    apply_policy,
+    get_policy,
+    load_policy_file,
+    resolve_policy,
+    sqrt_segment,
+)
+from models.gpt import CONFIGS, RESIDUAL_NAMES
+
+cp = jax.checkpoint_policies
+
+
+def test_every_policy_maps_every_name_once():
+    for preset in PRESETS.values():
+        assert [n for n, _ in preset.policy.actions] == list(RESIDUAL_NAMES)
+        assert preset.doc and preset.source
+
+
+def test_presets_translate_to_jax_policies():
+    assert resolve_policy("none") is None
+    assert resolve_policy("full") is cp.nothing_saveable
+    assert resolve_policy("dots_saveable") is cp.dots_saveable
+    assert resolve_policy("dots_with_no_batch_dims_saveable") is cp.dots_with_no_batch_dims_saveable
+    assert resolve_policy("sqrt") is cp.nothing_saveable
+    assert resolve_policy("everything_saveable") is cp.everything_saveable  # JAX names still work
+    sel = PRESETS["selective"].policy
+    assert set(sel.names_with(Action.REMAT)) == {"attn_logits", "attn_probs", "attn_context"}
+    assert PRESETS["offload_all"].policy.offloaded() == RESIDUAL_NAMES
+    assert set(PRESETS["offload_dots"].policy.offloaded()) == {
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_out",
+        "mlp_up",
+        "mlp_down",
+    }
+    assert PRESETS["none"].policy.offloaded() == ()  # remat off: nothing moves
+
+
+def test_translation_decides_each_name_as_the_policy_says():
+    from jax._src.ad_checkpoint import name_p
+    from jax._src.interpreters import partial_eval as pe
+
+    policy = Policy.parse("attn_probs=remat,mlp_act=offload,*=device").to_jax()
+    assert policy(name_p, name="attn_probs") is pe.Recompute
+    assert policy(name_p, name="attn_q") is pe.Saveable
+    out = policy(name_p, name="mlp_act")
+    assert isinstance(out, pe.Offloadable) and out.dst == "pinned_host" and out.src == "device"
+    # with untagged dots kept, names still decide first and other prims go to dots_saveable
+    mixed = Policy.from_mapping({"mlp_act": "offload"}, untagged=Untagged.DOTS).to_jax()
+    assert isinstance(mixed(name_p, name="mlp_act"), pe.Offloadable)
+    assert mixed(name_p, name="attn_q") is pe.Recompute or mixed(name_p, name="attn_q") is False
+
+
+def test_parse_compact_string_and_preset_base():
+    p = Policy.parse("attn_probs=remat, mlp_act=offload, *=device")
+    assert p.action("attn_probs") is Action.REMAT
+    assert p.action("mlp_act") is Action.OFFLOAD
+    assert all(
+        p.action(n) is Action.DEVICE for n in RESIDUAL_NAMES if n not in ("attn_probs", "mlp_act")
+    )
+    # without '*', names not listed are recomputed (as in JAX's names-based policies)
+    assert Policy.parse("mlp_act=device").names_with(Action.DEVICE) == ("mlp_act",)
+    q = Policy.parse("selective,mlp_act=offload")
+    assert q.action("attn_probs") is Action.REMAT and q.action("mlp_act") is Action.OFFLOAD
+    assert q.action("attn_q") is Action.DEVICE
+    assert Policy.parse(p.describe()) == p
+    assert get_policy("attn_probs=remat,*=device") == Policy.parse("attn_probs=remat,*=device")
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("attn_prob=remat", "'attn_prob' is not a residual name"),
+        ("attn_probs=keep", "'keep' is not an action; choose one of device, offload, remat"),
+        ("attn_probs", "not a known policy"),
+        ("selective,attn_probs", "is not name=action"),
+        ("bogus,attn_probs=remat", "neither a preset"),
+        ("attn_probs=remat,attn_probs=device", "given twice"),
+        ("", "not a known policy"),
+    ],
+)
+def test_parse_errors_are_clear(spec, needle):
+    with pytest.raises(ConfigError) as e:
+        get_policy(spec)
+    assert needle in str(e.value)
+    if "residual name" in needle or "not a known policy" in needle:
+        assert "layer_input" in str(e.value) and "mlp_down" in str(e.value)  # lists the names
+
+
+def test_train_config_accepts_every_spelling():
+    from jaxoff.train import TrainConfig
+
+    for spec in ("selective", "attn_probs=remat,mlp_act=offload,*=device", "dots_saveable"):
+        assert callable(TrainConfig(model="tiny", policy=spec).model_config().policy)
+    assert TrainConfig(model="tiny", policy="none").model_config().policy is None
+    with pytest.raises(ConfigError, match="valid names are"):
+        TrainConfig(model="tiny", policy="attn_probz=remat").validate()
+
+
+def test_toml_file(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text('[policy]\npreset = "selective"\nmlp_act = "offload"\n')
+    assert load_policy_file(f) == Policy.parse("selective,mlp_act=offload")
+    assert get_policy(str(f)) == load_policy_file(f)
+    g = tmp_path / "q.toml"
+    g.write_text('"*" = "remat"\nsegments = "sqrt"\n')
+    assert load_policy_file(g) == PRESETS["sqrt"].policy
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[policy]\nmlp_actt = "offload"\n')
+    with pytest.raises(ConfigError, match=r"bad.toml: .*'mlp_actt' is not a residual name"):
+        load_policy_file(bad)
+    bad.write_text('[policy]\nsegments = "cube"\n')
+    with pytest.raises(ConfigError, match="segments = 'cube' is not one of layer, sqrt"):
+        load_policy_file(bad)
+
+
+def test_every_shipped_policy_file_parses():
+    from pathlib import Path
+
+    for f in sorted((Path(__file__).parent.parent / "configs").glob("**/*policy*.toml")):
+        load_policy_file(f)
+
+
+def test_policy_is_complete_and_frozen():
+    with pytest.raises(ConfigError, match="missing"):
+        Policy((("attn_q", Action.REMAT),))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PRESETS["full"].policy.remat = False  # type: ignore[misc]
+
+
+def test_sqrt_segments():
+    assert sqrt_segment(12) == 3 and sqrt_segment(16) == 4 and sqrt_segment(24) == 4
+    assert sqrt_segment(5) == 2  # prime: round(sqrt), shorter last segment
+    cfg = apply_policy(CONFIGS["small"], "sqrt")
+    assert cfg.remat_every == 3 and cfg.policy is cp.nothing_saveable
+    assert apply_policy(CONFIGS["small"], "selective").remat_every == 1
+    assert PRESETS["sqrt"].policy.segments is Segments.SQRT
