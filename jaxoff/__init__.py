@@ -8,6 +8,8 @@ from ._errors import JaxoffError as JaxoffError
 from .aio import PageStore as PageStore
 from .aio import PageStoreError as PageStoreError
 from .aio import plan_layout as plan_layout
+from .policy import PRESETS as PRESETS
+from .policy import Policy as Policy
 from .policy import resolve_policy as resolve_policy
 from .train import TrainConfig as TrainConfig
 from .train import TrainResult as TrainResult
@@ -20,7 +22,9 @@ __all__ = [
     "ConfigError",
     "JaxoffError",
     "PageStore",
+    "PRESETS",
     "PageStoreError",
+    "Policy",
     "TrainConfig",
     "TrainResult",
     "TrainState",
