@@ -8,7 +8,12 @@ pipelined / max(compute, io) (1.0 = perfect overlap) and the fraction of the I/O
     python bench/overlap.py --chunk-mib 64 --matmuls 4 --backend posix
 
 XLA's CPU runtime only overlaps an async FFI call with other work when the scan body has more
-than 8 thunks; the compute here is a chain of `--matmuls` matmul+tanh pairs (2 thunks each).
+than 8 thunks (else its ThunkExecutor runs the body in order and awaits page_in's future at
+once). Beware: with jaxlib 0.10.2's default YNN fusion the whole `--matmuls` chain becomes ONE
+thunk, so this body has 7 thunks and runs sequentially (see it with TF_CPP_MIN_LOG_LEVEL=0
+TF_CPP_VMODULE=thunk_executor=2: "7 thunks ... is_sequential=true"). XLA_FLAGS=
+--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT gives 28 thunks,
+is_sequential=false.
 """
 
 from __future__ import annotations
@@ -50,17 +55,21 @@ def parse_args(argv=None):
 
 
 def timed(fns, reps):
-    """Median seconds of each of `fns`, repetitions interleaved so that a burst of foreign load
-    (the machine is shared) costs one sample of every variant rather than all of one."""
+    """Median wall and CPU seconds of each of `fns`, repetitions interleaved (order rotated
+    every repetition) so that a burst of foreign load (the machine is shared) costs one sample
+    of every variant rather than all of one."""
     for fn in fns:
         jax.block_until_ready(fn())  # compile + warm up
     ts = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, t in zip(fns, ts, strict=True):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            t.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts]
+    cs = [[] for _ in fns]
+    for rep in range(reps):
+        k = rep % len(fns)
+        for i in list(range(k, len(fns))) + list(range(k)):
+            c0, t0 = time.process_time(), time.perf_counter()
+            jax.block_until_ready(fns[i]())
+            ts[i].append(time.perf_counter() - t0)
+            cs[i].append(time.process_time() - c0)
+    return [statistics.median(t) for t in ts], [statistics.median(c) for c in cs]
 
 
 def main(argv=None):
@@ -132,7 +141,7 @@ def main(argv=None):
     got = np.asarray(pipelined(crcs, offs))
     np.testing.assert_array_equal(got, ref)  # same bytes in, same numbers out
 
-    t_c, t_io, t_p = timed(
+    (t_c, t_io, t_p), (c_c, c_io, c_p) = timed(
         [lambda: compute_only(xs), lambda: io_only(crcs, offs), lambda: pipelined(crcs, offs)],
         a.reps,
     )
@@ -145,9 +154,11 @@ def main(argv=None):
         f"block {a.block_mib} MiB, qd {a.queue_depth}, verify={not a.no_verify}, "
         f"median of {a.reps}"
     )
-    print(f"  compute only : {t_c * 1e3:8.1f} ms")
-    print(f"  I/O only     : {t_io * 1e3:8.1f} ms  ({total / t_io / 1e9:.2f} GB/s)")
-    print(f"  pipelined    : {t_p * 1e3:8.1f} ms")
+    print(f"  compute only : {t_c * 1e3:8.1f} ms   (CPU {c_c * 1e3:7.1f} ms)")
+    print(f"  I/O only     : {t_io * 1e3:8.1f} ms   (CPU {c_io * 1e3:7.1f} ms)  "
+          f"({total / t_io / 1e9:.2f} GB/s)")
+    print(f"  sequential   : {(t_c + t_io) * 1e3:8.1f} ms   (compute + I/O)")
+    print(f"  pipelined    : {t_p * 1e3:8.1f} ms   (CPU {c_p * 1e3:7.1f} ms)")
     print(f"  pipelined / max(compute, io) = {t_p / max(t_c, t_io):.3f}")
     print(
         f"  I/O hidden   : {100 * hidden:.0f}%  "

@@ -145,6 +145,38 @@ def test_flipped_byte_is_detected(table):
     assert np.count_nonzero(got != x.view(np.uint8)) == 1
 
 
+@pytest.mark.parametrize(
+    "nbytes", [(256 << 10) - 4, 256 << 10, (256 << 10) + 4, (3 << 20) + 12, (5 << 20) + 4092]
+)
+def test_multi_block_crc_is_combined_exactly(table, nbytes):
+    """page_out's crc and page_in's verification are taken block by block (256 KiB blocks here,
+    through 64-byte-aligned XLA buffers, so every block is staged) and combined: they must
+    equal the crc32c of the whole tensor, and a flip in the last block must still be caught."""
+    name, paths = table
+    x = random_array((nbytes // 4,), np.float32, nbytes)
+    off = encode_offsets(4096)
+
+    @jax.jit
+    def roundtrip(x):
+        crc, tok = page_out(name, 0, off, x, new_token())
+        y, tok = page_in(name, 0, off, crc, tok, shape=x.shape, dtype=x.dtype)
+        return y, crc
+
+    y, crc = roundtrip(x)
+    assert int(crc) == crc32c_pkg.crc32c(x.tobytes())
+    assert np.asarray(y).tobytes() == x.tobytes()
+    with open(paths[0], "r+b") as f:
+        f.seek(4096 + nbytes - 3)
+        b = f.read(1)
+        f.seek(4096 + nbytes - 3)
+        f.write(bytes([b[0] ^ 0x01]))
+    read = jax.jit(
+        lambda crc: page_in(name, 0, off, crc, new_token(), shape=x.shape, dtype=x.dtype)[0]
+    )
+    with pytest.raises(jax.errors.JaxRuntimeError, match="checksum mismatch"):
+        jax.block_until_ready(read(crc))
+
+
 def test_unregistered_table_and_bad_file_id_are_clear_errors(table):
     name, _ = table
     with pytest.raises(Exception, match="not registered"):

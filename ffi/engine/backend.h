@@ -40,6 +40,9 @@ class Backend {
 // Position to resume a short transfer from: O_DIRECT needs an aligned restart.
 size_t ResumePoint(const BlockOp& op);
 
+// Names the calling thread (shown by top -H, perf, gdb); best effort.
+void NameThisThread(const char* name);
+
 // True when `op` is complete after `op.done` bytes.
 inline bool IsComplete(const BlockOp& op) {
   return op.write ? op.done >= op.len : op.done >= op.need;

@@ -11,7 +11,7 @@ enum class BackendKind { kAuto, kIoUring, kPosix };
 struct EngineConfig {
   size_t block_size = 1 << 20;   // bytes per I/O request (multiple of 4096)
   int queue_depth = 8;           // requests in flight per engine
-  int threads = 2;               // POSIX backend worker threads
+  int threads = 2;               // POSIX backend I/O threads; also the engine's copy/crc threads
   bool o_direct = true;          // bypass the page cache (falls back when unsupported)
   size_t pool_bytes = 16 << 20;  // total staging memory (pool_bytes / block_size buffers)
   BackendKind backend = BackendKind::kAuto;

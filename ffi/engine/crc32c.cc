@@ -97,4 +97,65 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
 
 bool Crc32cIsHardware() { return kHaveHw; }
 
+namespace {
+
+// a(x) * b(x) modulo the polynomial, bit-reflected (zlib's multmodp).
+uint32_t MultModP(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+
+struct PowerTable {
+  std::array<uint32_t, 32> x2n{};  // x^(2^k) mod p
+  PowerTable() {
+    uint32_t p = 1u << 30;  // x^1
+    for (auto& v : x2n) {
+      v = p;
+      p = MultModP(p, p);
+    }
+  }
+};
+
+const PowerTable kPowers;
+
+// x^(n * 2^k) mod p.
+uint32_t X2nModP(uint64_t n, unsigned k) {
+  uint32_t p = 1u << 31;  // x^0
+  while (n) {
+    if (n & 1) p = MultModP(kPowers.x2n[k & 31], p);
+    n >>= 1;
+    ++k;
+  }
+  return p;
+}
+
+}  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  return MultModP(X2nModP(len_b, 3), crc_a) ^ crc_b;
+}
+
+uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size) {
+  constexpr size_t kPiece = 64 << 10;  // fits L2 with room to spare
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  while (size > 0) {
+    const size_t n = size < kPiece ? size : kPiece;
+    std::memcpy(d, s, n);
+    crc = Crc32cExtend(crc, s, n);
+    d += n;
+    s += n;
+    size -= n;
+  }
+  return crc;
+}
+
 }  // namespace jaxoff::aio

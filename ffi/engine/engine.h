@@ -3,6 +3,12 @@
 // flight (refilled on every completion), stages unaligned data through a bounded pool of
 // 4 KiB-aligned buffers, and reports each request's outcome once.
 //
+// Staging copies and checksums run on `threads` worker threads of the engine, never on the
+// thread that completes the I/O: the io_uring reaper only reaps and resubmits, the copy out of a
+// block (and its crc32c, folded into the copy while the block is in cache) overlaps the next
+// blocks' I/O, and a caller's thread only submits. A finished block gives its I/O slot back
+// before its copy starts, so `queue_depth` blocks stay in flight while copies run.
+//
 // Tail handling: with O_DIRECT a write whose size is not a multiple of 4096 writes its last
 // block padded with zeros up to the next 4 KiB boundary, so a request of n bytes at offset o
 // occupies [o, o + AlignUp(n)) on disk: callers lay out files with 4 KiB-aligned slots (the
@@ -19,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend.h"
@@ -47,6 +54,13 @@ class Completion {
   IoStatus status_;
 };
 
+// Per-request options.
+struct IoOptions {
+  // Compute the crc32c of the request's bytes (block by block, during the staging copy or
+  // right after the block's I/O, combined in order) and report it in IoStatus::crc32c.
+  bool crc32c = false;
+};
+
 class Engine {
  public:
   // Runs on a backend thread once every block of the request finished (or one failed).
@@ -61,14 +75,14 @@ class Engine {
   // Reads `size` bytes at logical `offset` of `file` into `dst` / writes them from `src`.
   // Buffers must stay alive until the callback ran. `file` is kept alive by the engine.
   void Read(std::shared_ptr<const File> file, uint64_t offset, void* dst, size_t size,
-            Callback done);
+            Callback done, IoOptions options = {});
   void Write(std::shared_ptr<const File> file, uint64_t offset, const void* src, size_t size,
-             Callback done);
+             Callback done, IoOptions options = {});
 
   std::shared_ptr<Completion> Read(std::shared_ptr<const File> file, uint64_t offset, void* dst,
-                                   size_t size);
+                                   size_t size, IoOptions options = {});
   std::shared_ptr<Completion> Write(std::shared_ptr<const File> file, uint64_t offset,
-                                    const void* src, size_t size);
+                                    const void* src, size_t size, IoOptions options = {});
 
   const EngineConfig& config() const { return config_; }
   const char* backend_name() const { return backend_->name(); }
@@ -83,11 +97,19 @@ class Engine {
     size_t bytes = 0;        // logical bytes of this block
     char* staging = nullptr; // pool buffer, or nullptr when the I/O uses caller memory
     const std::string* path = nullptr;
+    size_t index = 0;        // block number within the request (for its crc)
+    uint32_t crc = 0;        // crc32c of this block's bytes, when the request wants it
+    int err = 0;
   };
 
   void Enqueue(std::shared_ptr<Request> req);
   void Pump();
   void OnBlockDone(BlockOp* op, int err);
+  // Hands a slot to the workers: fill (write) or drain (read) its staging buffer, with crc.
+  void Post(Slot* s);
+  void Work();
+  // Bookkeeping once a block is fully done (I/O and copy): may complete the request.
+  void Finish(Slot* s);
 
   EngineConfig config_;
   BufferPool pool_;
@@ -98,7 +120,14 @@ class Engine {
   std::deque<std::shared_ptr<Request>> pending_;  // requests with blocks left to start
   std::vector<Slot> slots_;
   std::vector<Slot*> free_slots_;
-  size_t in_flight_ = 0;
+  size_t in_flight_ = 0;     // slots in use (I/O or copy)
+  size_t io_in_flight_ = 0;  // blocks between start and I/O completion (<= queue_depth)
+
+  std::mutex work_mu_;
+  std::condition_variable work_cv_;
+  std::deque<Slot*> work_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace jaxoff::aio

@@ -42,6 +42,7 @@ std::string FormatIoMessage(const std::string& op, const std::string& path, int6
 struct IoStatus {
   int err = 0;
   std::string message;
+  uint32_t crc32c = 0;  // of the request's bytes, when IoOptions::crc32c asked for it and ok()
   bool ok() const noexcept { return err == 0 && message.empty(); }
 };
 

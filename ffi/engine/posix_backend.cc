@@ -1,4 +1,5 @@
 // Portable backend: a pool of threads each running blocking pread/pwrite.
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,12 +17,17 @@ namespace jaxoff::aio {
 
 size_t ResumePoint(const BlockOp& op) { return op.direct ? AlignDown(op.done) : op.done; }
 
+void NameThisThread(const char* name) { pthread_setname_np(pthread_self(), name); }
+
 namespace {
 
 class PosixBackend final : public Backend {
  public:
   PosixBackend(int threads, Completion on_done) : on_done_(std::move(on_done)) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Run(); });
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] {
+      NameThisThread("jaxoff-io");
+      Run();
+    });
   }
   ~PosixBackend() override {
     {

@@ -21,7 +21,10 @@ class UringBackend final : public Backend {
     while (entries < static_cast<unsigned>(queue_depth) + 1) entries *= 2;
     int rc = io_uring_queue_init(entries, &ring_, 0);
     if (rc < 0) throw JAXOFF_IO_ERROR("io_uring_queue_init", std::string("<io_uring>"), 0, -1, -rc);
-    reaper_ = std::thread([this] { Reap(); });
+    reaper_ = std::thread([this] {
+      NameThisThread("jaxoff-uring");
+      Reap();
+    });
   }
 
   ~UringBackend() override {

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "crc32c.h"
+#include "aligned_buffer.h"
 #include "file_table.h"
 
 namespace ffi = xla::ffi;
@@ -121,32 +121,36 @@ ffi::Future PageIn(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offs
     std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
     void* dst = out->untyped_data();
     const size_t size = out->size_bytes();
+    // XLA hands us a freshly allocated output each run: huge pages make its first touch cheap.
+    aio::AdviseHugePages(dst, size);
     ffi::Promise promise;
     ffi::Future future(promise);
+    // The crc32c is taken by the engine's workers block by block while each block is in cache
+    // (folded into the staging copy), then combined: no second pass over the tensor.
+    aio::IoOptions options;
+    options.crc32c = verify;
     state->table->engine->Read(
         file, static_cast<uint64_t>(off), dst, size,
-        [promise, file, off, dst, size, verify, expected](const aio::IoStatus& s) mutable {
+        [promise, file, off, size, verify, expected](const aio::IoStatus& s) mutable {
           if (!s.ok()) {
             promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, "jaxoff_page_in: " + s.message));
             return;
           }
-          if (verify) {
-            const uint32_t actual = aio::Crc32c(dst, size);
-            if (actual != static_cast<uint32_t>(expected)) {
-              promise.SetError(ffi::Error(
-                  ffi::ErrorCode::kDataLoss,
-                  "jaxoff_page_in: checksum mismatch in " + file->path() + " at offset " +
-                      std::to_string(off) + " (" + std::to_string(size) +
-                      " bytes): expected crc32c " + Hex(static_cast<uint32_t>(expected)) +
-                      ", read " + Hex(actual) +
-                      ". The page file is corrupt or was written by a crashed run; restore the "
-                      "store from the last checkpoint (resume), or delete the store to start "
-                      "over"));
-              return;
-            }
+          if (verify && s.crc32c != static_cast<uint32_t>(expected)) {
+            promise.SetError(ffi::Error(
+                ffi::ErrorCode::kDataLoss,
+                "jaxoff_page_in: checksum mismatch in " + file->path() + " at offset " +
+                    std::to_string(off) + " (" + std::to_string(size) +
+                    " bytes): expected crc32c " + Hex(static_cast<uint32_t>(expected)) +
+                    ", read " + Hex(s.crc32c) +
+                    ". The page file is corrupt or was written by a crashed run; restore the "
+                    "store from the last checkpoint (resume), or delete the store to start "
+                    "over"));
+            return;
           }
           promise.SetAvailable();
-        });
+        },
+        options);
     return future;
   } catch (const std::exception& e) {
     return ReadyError(ffi::ErrorCode::kInternal, std::string("jaxoff_page_in: ") + e.what());
@@ -168,19 +172,25 @@ ffi::Future PageOut(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer off
     }
     const void* src = x.untyped_data();
     const size_t size = x.size_bytes();
-    *static_cast<uint32_t*>(crc_out->untyped_data()) = aio::Crc32c(src, size);
+    auto* crc = static_cast<uint32_t*>(crc_out->untyped_data());
     std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
     ffi::Promise promise;
     ffi::Future future(promise);
-    state->table->engine->Write(file, static_cast<uint64_t>(off), src, size,
-                                [promise](const aio::IoStatus& s) mutable {
-                                  if (s.ok()) {
-                                    promise.SetAvailable();
-                                  } else {
-                                    promise.SetError(ffi::Error(ffi::ErrorCode::kInternal,
-                                                                "jaxoff_page_out: " + s.message));
-                                  }
-                                });
+    // The crc32c comes from the engine's workers, folded into the staging copy of each block:
+    // the handler returns at once and the tensor is read from memory once.
+    aio::IoOptions options;
+    options.crc32c = true;
+    state->table->engine->Write(
+        file, static_cast<uint64_t>(off), src, size,
+        [promise, crc](const aio::IoStatus& s) mutable {
+          if (s.ok()) {
+            *crc = s.crc32c;  // XLA reads results only once the future is available
+            promise.SetAvailable();
+          } else {
+            promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, "jaxoff_page_out: " + s.message));
+          }
+        },
+        options);
     return future;
   } catch (const std::exception& e) {
     return ReadyError(ffi::ErrorCode::kInternal, std::string("jaxoff_page_out: ") + e.what());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "aligned_buffer.h"
+#include "crc32c.h"
 #include "engine.h"
 #include "test_util.h"
 
@@ -51,18 +52,27 @@ struct Placed {
   Placed(size_t n, size_t misalign) : storage(n + misalign + 1), p(storage.data() + misalign) {}
 };
 
-void RoundTrip(bool o_direct, size_t n, size_t misalign, uint64_t offset) {
+// With `with_crc`, both requests also checksum their bytes (IoOptions::crc32c): the engine's
+// block-wise, combined crc32c must equal the crc32c of the whole buffer.
+void RoundTrip(bool o_direct, size_t n, size_t misalign, uint64_t offset, bool with_crc = false) {
   Engine engine(Config(o_direct));
+  jaxoff::aio::IoOptions opts;
+  opts.crc32c = with_crc;
   auto path = TempDir() + "/rt.bin";
   auto file = Open(path, o_direct);
   auto data = RandomBytes(n, static_cast<uint32_t>(n + misalign));
   Placed src(n, misalign), dst(n, misalign);
   std::memcpy(src.p, data.data(), n);
   std::memset(dst.p, 0x5A, n + 1);
-  const IoStatus w = engine.Write(file, offset, src.p, n)->Wait();
+  const IoStatus w = engine.Write(file, offset, src.p, n, opts)->Wait();
   CHECK(w.ok());
-  const IoStatus r = engine.Read(file, offset, dst.p, n)->Wait();
+  const IoStatus r = engine.Read(file, offset, dst.p, n, opts)->Wait();
   CHECK(r.ok());
+  if (with_crc) {
+    const uint32_t want = jaxoff::aio::Crc32c(data.data(), n);
+    CHECK_EQ(w.crc32c, want);
+    CHECK_EQ(r.crc32c, want);
+  }
   if (!w.ok() || !r.ok()) std::cerr << w.message << r.message << std::endl;
   const bool same = std::memcmp(dst.p, data.data(), n) == 0;
   if (!same) std::cerr << "mismatch: n=" << n << " misalign=" << misalign << std::endl;
@@ -77,12 +87,16 @@ TEST(RoundTripOddSizes) {
       RoundTrip(direct, n, 0, 0);
       RoundTrip(direct, n, 1, 0);     // unaligned caller memory -> staging
       RoundTrip(direct, n, 64, 8192); // XLA-like 64-byte alignment at an aligned offset
+      for (size_t misalign : {0, 1, 64, 512}) RoundTrip(direct, n, misalign, 4096, true);
     }
   }
 }
 
 TEST(RoundTripUnalignedOffset) {
-  for (bool direct : {true, false}) RoundTrip(direct, 100000, 0, 123);
+  for (bool direct : {true, false}) {
+    RoundTrip(direct, 100000, 0, 123);
+    RoundTrip(direct, 100000, 64, 123, true);
+  }
 }
 
 TEST(DirectReadOfUnpaddedTail) {
@@ -145,6 +159,13 @@ TEST(StripedRoundTrip) {
   std::vector<char> out(n);
   CHECK(engine.Read(file, 0, out.data(), n)->Wait().ok());
   CHECK(out == data);
+  // Blocks cut at stripe boundaries still combine into the crc32c of the whole request.
+  jaxoff::aio::IoOptions crc;
+  crc.crc32c = true;
+  std::vector<char> out2(n);
+  const IoStatus rc = engine.Read(file, 1000, out2.data(), n - 1000, crc)->Wait();
+  CHECK(rc.ok());
+  CHECK_EQ(rc.crc32c, jaxoff::aio::Crc32c(data.data() + 1000, n - 1000));
   // Stripe 1 of the logical file is the first chunk of the second path.
   std::ifstream f(paths[1], std::ios::binary);
   std::vector<char> chunk(stripe);

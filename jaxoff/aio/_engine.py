@@ -35,7 +35,8 @@ class EngineConfig:
     Attributes:
       block_size: bytes per I/O request; a positive multiple of 4096.
       queue_depth: requests in flight at once (io_uring submission depth; POSIX queue bound).
-      threads: worker threads of the POSIX backend (io_uring uses one completion thread).
+      threads: worker threads of the POSIX backend, and the engine's copy/checksum threads
+        (staging copies and crc32c run there, off the I/O completion path, for both backends).
       o_direct: bypass the page cache (falls back to buffered I/O where the filesystem refuses).
       pool_bytes: total size of the aligned staging pool, at least one block.
       backend: ``"auto"`` (io_uring if available, overridable by ``JAXOFF_AIO_BACKEND``),

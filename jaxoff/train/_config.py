@@ -46,6 +46,16 @@ class TrainConfig:
         overwrite: replace a previous run in out_dir (its metrics and checkpoints are deleted).
         stop_at: stop after this step (as if interrupted), checkpointing first; 0 runs to the end.
         progress: show the live progress bar.
+        store: page-store directory: optimizer state and fp32 master weights live there
+            (``jaxoff.paged``), streamed chunk by chunk through the async I/O engine.
+        chunk_mib: MiB per chunk of the paged optimizer state (with --store).
+        plan: a plan file from ``jaxoff plan``: its remat/offload policy replaces --policy
+            (the plan must be for this model and batch shape).
+        placement: where parameters and optimizer states live (jaxoff.placement presets):
+            device, host_opt, host_opt_xfer, host_params, host_params_stream<N> (layers
+            streamed from host memory N layers ahead; needs --policy full).
+        fsdp: devices of the FSDP mesh axis: parameters, gradients and optimizer states
+            sharded over them, the batch split over them; 1 runs on one device.
     """
 
     model: str = "mini"
@@ -73,10 +83,20 @@ class TrainConfig:
     overwrite: bool = False
     stop_at: int = 0
     progress: bool = True
+    plan: Path | None = None
+    store: Path | None = None
+    chunk_mib: int = 16
+    placement: str = "device"
+    fsdp: int = 1
 
     def validate(self) -> TrainConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
         from models.gpt import _DTYPES, CONFIGS
+
+        if self.plan is not None:
+            from ..plan import apply_plan
+
+            self = apply_plan(self)  # noqa: PLW0642 (the plan's policy replaces --policy)
 
         if self.model not in CONFIGS:
             raise ConfigError(
@@ -106,6 +126,24 @@ class TrainConfig:
         from ..policy import resolve_policy
 
         resolve_policy(self.policy)  # raises ConfigError listing the valid names
+        from ..placement import check_placement, make_mesh
+
+        make_mesh(self.fsdp)  # raises ConfigError when the devices are not there
+        check_placement(
+            self.placement,
+            self.model_config(),
+            policy=self.policy,
+            devices=self.fsdp,
+            batch_size=self.batch_size,
+        )
+        if self.store is not None:
+            if self.chunk_mib < 1:
+                raise ConfigError(f"--chunk-mib must be at least 1, got {self.chunk_mib}")
+            if self.placement != "device" or self.fsdp != 1:
+                raise ConfigError(
+                    "--store pages the optimizer state to disk; it cannot be combined with "
+                    "--placement other than device or --fsdp > 1 yet: drop one of them"
+                )
         if self.data is not None and not Path(self.data).exists():
             raise ConfigError(f"--data {self.data}: no such file or directory")
         _check_writable(Path(self.out_dir))
@@ -124,6 +162,12 @@ class TrainConfig:
             param_dtype=self.param_dtype,
         )
         return apply_policy(base, self.policy)
+
+    def mesh(self):
+        """The FSDP ``Mesh`` of ``--fsdp`` devices, or ``None`` for one device."""
+        from ..placement import make_mesh
+
+        return make_mesh(self.fsdp)
 
     def schedule(self) -> optax.Schedule:
         warmup = min(self.warmup_steps, self.steps - 1)
@@ -146,6 +190,11 @@ class TrainConfig:
         tx = make[self.optimizer]()
         if self.clip_norm > 0:
             tx = optax.chain(optax.clip_by_global_norm(self.clip_norm), tx)
+        if self.store is not None:
+            from ..optim import paged
+
+            # the leading clip is split off and runs on the gradients in RAM
+            tx = paged(tx, self.store, chunk_bytes=self.chunk_mib << 20)
         return tx
 
     def to_json(self) -> dict:
@@ -165,6 +214,8 @@ RESUMABLE_CHANGES = frozenset(
         "eval_batches",
         "ckpt_every",
         "keep_checkpoints",
+        "store",  # the paged state is restored from the checkpoint into any store directory
+        "chunk_mib",
     }
 )
 

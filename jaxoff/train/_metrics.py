@@ -18,6 +18,12 @@ def rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+def disk_io_bytes() -> tuple[int, int]:
+    """Bytes this process has read from and written to storage (O_DIRECT included)."""
+    io = psutil.Process().io_counters()
+    return io.read_bytes, io.write_bytes
+
+
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,23 @@
+"""Paged optimizers: optax state and fp32 master weights in a page store, updated chunk by chunk."""
+
+from ._checkpoint import load_state as load_state
+from ._checkpoint import restore_paged as restore_paged
+from ._checkpoint import save_paged as save_paged
+from ._checks import NotElementwiseError as NotElementwiseError
+from ._paged import DEFAULT_CHUNK_BYTES as DEFAULT_CHUNK_BYTES
+from ._paged import PagedState as PagedState
+from ._paged import PagedTransformation as PagedTransformation
+from ._paged import paged as paged
+from ._paged import update_and_apply as update_and_apply
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "NotElementwiseError",
+    "PagedState",
+    "PagedTransformation",
+    "load_state",
+    "paged",
+    "restore_paged",
+    "save_paged",
+    "update_and_apply",
+]

@@ -1,0 +1,168 @@
+"""Paged optimizer state in checkpoints: streamed chunk by chunk, never whole in RAM.
+
+`save_paged` copies the committed version of the store into a checkpoint directory (one file
+per entry, with its crc32c per chunk, written to a temporary directory and renamed into place);
+`restore_paged` copies it back into a store (the same or another directory) as a new committed
+version and returns the matching `PagedState`; `load_state` rebuilds the state (and parameters
+that have a master copy) from the store's last committed version, e.g. after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import crc32c
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError
+from jaxoff.aio._layout import parse_dtype
+from jaxoff.aio._pageio import fsync_dir
+from jaxoff.optim._paged import PagedState, PagedTransformation, ram_from_bytes
+from jaxoff.optim._plan import RAM_ENTRY
+
+FORMAT = "jaxoff.paged-checkpoint/1"
+MANIFEST = "paged.json"
+
+
+def _pager(tx):
+    if not isinstance(tx, PagedTransformation):
+        raise TypeError(f"expected the transformation returned by jaxoff.paged, got {type(tx)}")
+    return tx.pager
+
+
+def save_paged(tx: PagedTransformation, opt_state: PagedState, directory: str | os.PathLike) -> int:
+    """Copies the store version that ``opt_state`` describes into ``directory``; returns bytes.
+
+    The copy is atomic: written to ``directory.tmp`` and renamed; an existing ``directory`` is
+    replaced. Chunks are verified against their checksums on the way.
+    """
+    store = _open(tx)
+    version = int(jax.device_get(opt_state.version))  # waits for the step's commit
+    if version != store.version:
+        raise PageStoreError(
+            f"save_paged: the optimizer state is version {version} but store {store.root} is at "
+            f"version {store.version}; save the state returned by the last step")
+    directory = os.path.abspath(os.fspath(directory))
+    tmp = directory + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    entries, total = {}, 0
+    for name, e in store.entries.items():
+        fname = f"{e.stem}.page"
+        crcs = []
+        with open(os.path.join(tmp, fname), "wb") as f:
+            for c in e.chunks:
+                x = store.read_chunk(name, c.index)  # verified
+                raw = x.view(np.uint8).reshape(-1)
+                f.write(memoryview(raw))
+                crcs.append(crc32c.crc32c(raw))
+                total += raw.nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        entries[name] = {"shape": list(e.shape), "dtype": str(e.dtype), "file": fname,
+                         "crcs": crcs}
+    meta = {"format": FORMAT, "store_version": version, "chunk_bytes": store.chunk_bytes,
+            "entries": entries}
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+    if os.path.exists(directory):
+        shutil.rmtree(directory)
+    os.rename(tmp, directory)
+    fsync_dir(os.path.dirname(directory))
+    return total
+
+
+def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params: Any) -> PagedState:
+    """Writes a checkpoint made by `save_paged` into ``tx``'s store as its next version.
+
+    Args:
+      tx: the `paged` transformation (its store may be another directory than the saved one).
+      directory: what `save_paged` wrote.
+      params: the parameters (or their shapes), to plan the store.
+
+    Returns:
+      The `PagedState` of the restored version, to use instead of ``tx.init(params)``.
+    """
+    pager = _pager(tx)
+    plan = pager.plan(params)
+    store = pager.open_store(plan)
+    directory = os.path.abspath(os.fspath(directory))
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as err:
+        raise PageStoreError(f"restore_paged: cannot read {path} ({err}); is {directory} a "
+                             "checkpoint written by save_paged?") from None
+    if meta.get("format") != FORMAT:
+        raise PageStoreError(f"restore_paged: {path} is not a {FORMAT} manifest")
+    want = plan.store_entries()
+    saved = meta["entries"]
+    diffs = sorted(set(want) ^ set(saved)) + [
+        n for n in want if n in saved and (tuple(saved[n]["shape"]) != tuple(want[n][0])
+                                           or parse_dtype(saved[n]["dtype"]) != want[n][1])]
+    if diffs:
+        raise PageStoreError(f"restore_paged: checkpoint {directory} holds another optimizer "
+                             f"state than this model needs (differences: {diffs[:5]})")
+    crcs = {}
+    for name, e in store.entries.items():
+        info = saved[name]
+        with open(os.path.join(directory, info["file"]), "rb") as f:
+            for c in e.chunks:
+                f.seek(c.elem_start * e.dtype.itemsize)
+                raw = np.frombuffer(f.read(c.nbytes), np.uint8)
+                if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:
+                    raise PageStoreCorruptError(
+                        f"restore_paged: chunk {c.index} of {name!r} in {directory} is damaged "
+                        "(short or checksum mismatch); use an older checkpoint")
+                store.write_chunk(name, c.index, raw.view(e.dtype))
+        crcs[name] = info["crcs"]
+    version = store.commit(crcs)
+    return _state(plan, store, version, crcs)
+
+
+def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
+    """The store's last committed version as ``(params, PagedState)``, e.g. after a crash.
+
+    Parameters that have a master copy in the store are rebuilt from it
+    (``master.astype(param.dtype)``); the others are returned as given.
+    """
+    pager = _pager(tx)
+    plan = pager.plan(params)
+    store = pager.open_store(plan)
+    if store.version == 0:
+        raise PageStoreError(f"page store {store.root} holds no committed state; call tx.init")
+    slot = store.active_slot
+    crcs = {name: list(store._crcs[slot][name]) for name in store.entries}  # noqa: SLF001
+    leaves = plan.params_def.flatten_up_to(params)
+    out = []
+    for leaf, p in zip(plan.leaves, leaves, strict=True):
+        if leaf.master:
+            master = plan.entries[leaf.entries[0]]
+            out.append(jnp.asarray(store.read(master.name).astype(leaf.dtype)))
+        else:
+            out.append(p)
+    return jax.tree.unflatten(plan.params_def, out), _state(plan, store, store.version, crcs)
+
+
+def _state(plan, store: PageStore, version: int, crcs: dict) -> PagedState:
+    ram = ram_from_bytes(plan, store.read(RAM_ENTRY))
+    return PagedState(jnp.asarray(version, jnp.int32),
+                      tuple(jnp.asarray(np.asarray(crcs[n], np.uint32)) for n in store.entries),
+                      tuple(jnp.asarray(x) for x in ram))
+
+
+def _open(tx) -> PageStore:
+    store = _pager(tx).store
+    if store is None or store.closed:
+        raise PageStoreError("save_paged: the paged optimizer's store is not open; call "
+                             "tx.init(params) (or restore) first")
+    return store

@@ -1,0 +1,96 @@
+"""The optimizer applied to one chunk of one parameter leaf.
+
+The inner optax transformation is called with trees shaped like the user's parameters (so
+masks and per-leaf hyper-parameters keep working) in which leaf ``j`` is the chunk, reshaped to
+keep the leaf's rank, and every other leaf is an empty array: their arithmetic costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxoff.optim._plan import Plan
+
+
+def _tree_with(plan: Plan, j: int, x: Any, dtypes) -> Any:
+    # Other leaves are one-element arrays rather than empty ones: XLA deletes arithmetic on
+    # empty arrays, and then simplifies the step-count scalars (bias corrections) differently
+    # than in a plain optax update of a many-leaf tree, changing the last bit of the result.
+    shape = (lambda leaf: leaf.empty_shape()) if j < 0 else (lambda leaf: leaf.one_shape())
+    leaves = [
+        x if i == j else jnp.zeros(shape(leaf), dtypes[i])
+        for i, leaf in enumerate(plan.leaves)
+    ]
+    return jax.tree.unflatten(plan.params_def, leaves)
+
+
+def inner_state(plan: Plan, ram_inner, j: int, chunks) -> Any:
+    """The inner optimizer state whose per-parameter tensors are chunks of leaf ``j``."""
+    nodes = []
+    for kind, k in plan.nodes:
+        if kind == "ram":
+            nodes.append(ram_inner[k])
+        else:
+            nodes.append(_tree_with(plan, j, None if j < 0 else chunks[k], plan.node_dtypes[k]))
+    return jax.tree.unflatten(plan.state_def, nodes)
+
+
+def split_state(plan: Plan, state: Any, j: int) -> tuple[list, list]:
+    """``(RAM leaves, chunks of leaf j per paged subtree)`` of an inner state."""
+    ram, chunks = [], []
+    for (kind, _), node in zip(plan.nodes, plan.state_def.flatten_up_to(state), strict=True):
+        if kind == "ram":
+            ram.append(node)
+        else:
+            chunks.append(plan.params_def.flatten_up_to(node)[j] if j >= 0 else None)
+    return ram, chunks
+
+
+def _inner_dtypes(plan: Plan, master_dtype) -> list:
+    return [np.dtype(master_dtype) if leaf.master else leaf.dtype for leaf in plan.leaves]
+
+
+def chunk_update(plan: Plan, inner, master_dtype, j: int, g, p, chunks, ram_inner,
+                 extra: dict) -> tuple[jax.Array, list]:
+    """Runs the inner update on chunk ``g``/``p`` (flat) of leaf ``j``.
+
+    Args:
+      chunks: per paged state subtree, the chunk (flat, in the state's dtype).
+    Returns:
+      ``(updates chunk (flat), new state chunks (flat))``.
+    """
+    leaf = plan.leaves[j]
+    shape = leaf.chunk_shape(g.shape[0] if g.ndim else 1)
+    dts = _inner_dtypes(plan, master_dtype)
+    gt = _tree_with(plan, j, g.astype(dts[j]).reshape(shape), dts)
+    pt = _tree_with(plan, j, p.reshape(shape), dts)
+    st = inner_state(plan, ram_inner, j, [c.reshape(shape) for c in chunks])
+    u, new_state = inner.update(gt, st, pt, **extra)
+    u = plan.params_def.flatten_up_to(u)[j].reshape(-1)
+    _, new_chunks = split_state(plan, new_state, j)
+    return u, [c.reshape(-1) for c in new_chunks]
+
+
+def ram_update(plan: Plan, inner, master_dtype, ram_inner, extra: dict) -> list:
+    """The inner state's new RAM leaves (step counts, ...), from an update on empty leaves."""
+    dts = _inner_dtypes(plan, master_dtype)
+    empty = _tree_with(plan, -1, None, dts)
+    _, new_state = inner.update(empty, inner_state(plan, ram_inner, -1, None), empty, **extra)
+    return split_state(plan, new_state, -1)[0]
+
+
+def chunk_init(plan: Plan, inner, master_dtype, j: int, p) -> list:
+    """Initial state chunks (flat) of leaf ``j`` for the master/parameter chunk ``p`` (flat)."""
+    leaf = plan.leaves[j]
+    dts = _inner_dtypes(plan, master_dtype)
+    state = inner.init(_tree_with(plan, j, p.reshape(leaf.chunk_shape(p.shape[0])), dts))
+    return [c.reshape(-1) for c in split_state(plan, state, j)[1]]
+
+
+def ram_init(plan: Plan, inner, master_dtype) -> list:
+    dts = _inner_dtypes(plan, master_dtype)
+    return split_state(plan, inner.init(_tree_with(plan, -1, None, dts)), -1)[0]

@@ -1,0 +1,406 @@
+"""``jaxoff.paged``: an optax transformation whose state and fp32 master weights live on disk."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any, NamedTuple
+
+import crc32c
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.experimental import io_callback
+
+from jaxoff.aio import PageStore, PageStoreError
+from jaxoff.aio._engine import EngineConfig
+from jaxoff.aio._ffi_calls import new_token, page_out, register_file_table
+from jaxoff.optim import _chunk
+from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
+from jaxoff.optim._pipeline import EntryIO, page_leaf
+from jaxoff.optim._plan import RAM_ENTRY, Plan, make_plan
+from jaxoff.optim._probe import probe_elementwise
+
+DEFAULT_CHUNK_BYTES = 16 << 20
+
+
+class PagedState(NamedTuple):
+    """The RAM part of a paged optimizer state; the rest is version ``version`` of the store.
+
+    Attributes:
+      version: the page store version this state describes (its reads come from that
+        version's slot); an operand, so a new version never recompiles the step.
+      crcs: per store entry (plan order, the ``ram`` entry last), the crc32c of each chunk of
+        that version: what the next reads verify.
+      ram: the leaves of the state kept in RAM: the state of global operations run before the
+        pipeline, then the inner optimizer's scalars (step counts, ...).
+    """
+
+    version: jax.Array
+    crcs: tuple[jax.Array, ...]
+    ram: tuple[jax.Array, ...]
+
+
+class PagedTransformation(optax.GradientTransformationExtraArgs):
+    """What `paged` returns: an optax transformation, plus access to its page store."""
+
+    __slots__ = ()
+
+    @property
+    def pager(self) -> Pager:
+        return self.init.__self__
+
+    @property
+    def store(self) -> PageStore | None:
+        """The page store (None until `init` or the first `update` traced)."""
+        return self.pager.store
+
+    def close(self) -> None:
+        """Releases the page store's lock."""
+        self.pager.close()
+
+
+def paged(
+    tx: optax.GradientTransformation,
+    store: str | os.PathLike | PageStore,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    master_dtype: Any = jnp.float32,
+    engine: EngineConfig | None = None,
+) -> PagedTransformation:
+    """Pages the state of an element-wise optax transformation, and fp32 master weights, to SSD.
+
+    Use it where ``tx`` was. Parameters stay in RAM in their own dtype; where that is not
+    ``master_dtype`` (e.g. bfloat16), an fp32 master copy is kept in the store and the returned
+    updates make ``optax.apply_updates(params, updates)`` equal ``master.astype(param.dtype)``.
+    Every update reads the committed version of the store chunk by chunk, writes the next one
+    and commits it once its writes are durable (a crash leaves the previous version).
+
+    ``tx`` may be a chain led by global operations (``clip_by_global_norm``, ...): they are
+    split off and run on the gradients in RAM before the pipeline. The rest must be
+    element-wise (`init` refuses anything else, saying why).
+
+    Args:
+      tx: the optax transformation, e.g. ``optax.adamw(lr)``.
+      store: a page store directory (created or reopened at `init`) or an open `PageStore`
+        whose layout matches.
+      chunk_bytes: bytes per chunk of each paged tensor (a multiple of 4096).
+      master_dtype: dtype of the master weights and of what the optimizer sees.
+      engine: I/O engine knobs for the paging calls.
+
+    >>> import optax, jax.numpy as jnp, tempfile
+    >>> tx = paged(optax.adamw(1e-3), tempfile.mkdtemp() + "/store", chunk_bytes=4096)
+    >>> params = {"w": jnp.ones((3, 5), jnp.bfloat16)}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.ones((3, 5), jnp.bfloat16)}, state, params)
+    >>> int(state.version), updates["w"].dtype
+    (2, dtype('float32'))
+    >>> tx.close()
+    """
+    pager = Pager(tx, store, chunk_bytes=chunk_bytes, master_dtype=master_dtype, engine=engine)
+    return PagedTransformation(pager.init, pager.update)
+
+
+def update_and_apply(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
+                     **extra_args) -> tuple[Any, Any]:
+    """``(new params, new state)``: for a paged ``tx`` (or ``optax.chain(global ops...,
+    paged(...))``), the new parameters are computed chunk by chunk together with the update,
+    as plain optax computes them when ``apply_updates`` fuses with the update (bitwise the
+    same), and written in place: no float32 updates tree in RAM. Anything else:
+    ``tx.update`` then ``optax.apply_updates``.
+
+    Prefer it to ``tx.update`` + ``apply_updates`` for paged optimizers: for float32
+    parameters the updates ``new - old`` cannot always reproduce the fused result in the last
+    bit (when an update is much larger than the new value), and they cost 4 bytes/parameter.
+    """
+    if isinstance(tx, PagedTransformation):
+        return tx.pager.apply(grads, opt_state, params, **extra_args)
+    members = chain_members(tx, flatten=False)
+    if members and isinstance(getattr(members[-1].update, "__self__", None), Pager):
+        # optax.chain(global ops..., jaxoff.paged(...)): the global ops run in RAM first.
+        states = list(opt_state)
+        for k, m in enumerate(members[:-1]):
+            grads, states[k] = m.update(grads, states[k], params, **extra_args)
+        params, states[-1] = members[-1].update.__self__.apply(grads, states[-1], params,
+                                                                **extra_args)
+        return params, tuple(states)
+    updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def _is_concrete(tree) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+class Pager:
+    """Everything behind one `paged` transformation: plan, store, compiled tables."""
+
+    def __init__(self, tx, store, *, chunk_bytes, master_dtype, engine):
+        pre, inner = split_global_prefix(tx)
+        refuse_known_offenders(inner)
+        self.pre = None if pre is None else optax.with_extra_args_support(pre)
+        self.inner = optax.with_extra_args_support(inner)
+        self.master_dtype = np.dtype(master_dtype)
+        self.engine = engine if engine is not None else EngineConfig(pool_bytes=64 << 20)
+        if isinstance(store, PageStore):
+            self.store, self.root, self.chunk_bytes = store, store.root, store.chunk_bytes
+        else:
+            self.store, self.root, self.chunk_bytes = None, os.path.abspath(store), chunk_bytes
+        self._plans: dict = {}
+        self._probed: set = set()
+        self._ios: list[EntryIO] | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ plan and store
+
+    def plan(self, params) -> Plan:
+        leaves, treedef = jax.tree.flatten(params)
+        key = (treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves))
+        if key not in self._plans:
+            self._plans[key] = make_plan(self.pre, self.inner, params, self.chunk_bytes,
+                                         self.master_dtype)
+        plan = self._plans[key]
+        if key not in self._probed:
+            probe_elementwise(self.inner, plan, self.master_dtype)
+            self._probed.add(key)
+        return plan
+
+    @property
+    def table(self) -> str:
+        return f"jaxoff.paged:{self.root}"
+
+    def open_store(self, plan: Plan) -> PageStore:
+        """Opens (or creates) the store for ``plan`` and registers its files with the engine."""
+        with self._lock:
+            entries = plan.store_entries()
+            if self.store is None or self.store.closed:
+                self.store = PageStore.open_or_create(self.root, entries,
+                                                      chunk_bytes=self.chunk_bytes)
+                self._ios = None
+            if list(self.store.entries) != list(entries):
+                raise PageStoreError(
+                    f"page store {self.root} holds other entries than this model's optimizer "
+                    "needs; pass jaxoff.paged a directory (it creates the store) or another store")
+            if self._ios is None:
+                register_file_table(self.table, self.store.file_table(), config=self.engine)
+                tabs = [self.store.chunk_table(s) for s in ("A", "B")]
+                self._ios = []
+                for ei, name in enumerate(entries):
+                    rows = tabs[0]["entry"] == ei
+                    fids = np.stack([t["file_id"][t["entry"] == ei] for t in tabs]).astype(np.int32)
+                    offs = encode(tabs[0]["offset"][rows])
+                    self._ios.append(EntryIO(fids, offs, np.dtype(entries[name][1])))
+            return self.store
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    # ------------------------------------------------------------------ init
+
+    def init(self, params) -> PagedState:
+        plan = self.plan(params)
+        pre_state = [] if self.pre is None else jax.tree.leaves(self.pre.init(params))
+        if not _is_concrete(params):  # under eval_shape/jit: shapes only, disk untouched
+            ram = tuple(pre_state) + tuple(_chunk.ram_init(plan, self.inner, self.master_dtype))
+            crcs = tuple(jnp.zeros((self._num_chunks(plan, e),), jnp.uint32)
+                         for e in [*plan.store_entries()])
+            return PagedState(jnp.zeros((), jnp.int32), crcs, ram)
+        store = self.open_store(plan)
+        with jax.ensure_compile_time_eval():
+            ram = [np.asarray(x) for x in pre_state]
+            ram += [np.asarray(x) for x in _chunk.ram_init(plan, self.inner, self.master_dtype)]
+        crcs = {}
+        p_leaves = plan.params_def.flatten_up_to(params)
+        for leaf, p in zip(plan.leaves, p_leaves, strict=True):
+            entries = [plan.entries[k] for k in leaf.entries]
+            init = jax.jit(functools.partial(_chunk.chunk_init, plan, self.inner,
+                                             self.master_dtype, leaf.index))
+            flat = np.asarray(p).reshape(-1)
+            for e in entries:
+                crcs[e.name] = []
+            for c in range(leaf.num_chunks):
+                start = c * leaf.chunk_elems
+                pc = flat[start : start + leaf.chunk_size(c)]
+                if leaf.master:
+                    pc = pc.astype(self.master_dtype)
+                chunks = [np.asarray(x) for x in init(pc)]
+                if leaf.master:
+                    chunks = [pc, *chunks]
+                for e, x in zip(entries, chunks, strict=True):
+                    crcs[e.name].append(_write_chunk(store, e.name, c, x.astype(e.storage)))
+        crcs[RAM_ENTRY] = [_write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
+        version = store.commit(crcs)
+        return PagedState(
+            jnp.asarray(version, jnp.int32),
+            tuple(jnp.asarray(np.asarray(v, np.uint32)) for v in crcs.values()),
+            tuple(jnp.asarray(x) for x in ram),
+        )
+
+    def _num_chunks(self, plan: Plan, name: str) -> int:
+        if name == RAM_ENTRY:
+            return 1
+        e = next(e for e in plan.entries if e.name == name)
+        return plan.leaves[e.leaf].num_chunks
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, updates, state: PagedState, params=None, **extra_args):
+        """optax ``update``: returns float32 updates (exact through ``optax.apply_updates``)."""
+        return self._step(updates, state, params, apply=False, extra=extra_args)
+
+    def apply(self, grads, state: PagedState, params, **extra_args):
+        """Returns ``(new params, new state)`` written chunk by chunk into the parameters."""
+        return self._step(grads, state, params, apply=True, extra=extra_args)
+
+    def _step(self, grads, state: PagedState, params, *, apply: bool, extra: dict):
+        if params is None:
+            raise ValueError("jaxoff.paged needs the parameters: call tx.update(grads, state, "
+                             "params)")
+        plan = self.plan(params)
+        self.open_store(plan)
+        ios = self._ios
+        ram = list(state.ram)
+        pre_ram, inner_ram = ram[: plan.num_pre], ram[plan.num_pre :]
+        if self.pre is not None:
+            pre_state = jax.tree.unflatten(plan.pre_def, pre_ram)
+            grads, pre_state = self.pre.update(grads, pre_state, params, **extra)
+            pre_ram = jax.tree.leaves(pre_state)
+        # The pipeline reads materialised gradients: without the barrier XLA would fuse the
+        # last ops of the gradient (or of clipping) into some chunks' updates and not others,
+        # changing FMA contraction and hence the last bit.
+        grads = lax.optimization_barrier(grads)
+        new_inner_ram = _chunk.ram_update(plan, self.inner, self.master_dtype, inner_ram, extra)
+        read_slot = (state.version % 2).astype(jnp.int32)
+        g_leaves = plan.params_def.flatten_up_to(grads)
+        p_leaves = plan.params_def.flatten_up_to(params)
+        outs, new_crcs, tokens = [], [None] * len(ios), []
+        # One token runs through all leaves: leaf k+1's first read waits for leaf k's last
+        # write, so XLA cannot schedule every leaf's prologue at once (bounded buffers).
+        tok = new_token()
+        for leaf, g, p in zip(plan.leaves, g_leaves, p_leaves, strict=True):
+            compute = functools.partial(self._compute, plan, leaf, g.reshape(-1), p.reshape(-1),
+                                        inner_ram, extra, apply)
+            out = (p.reshape(-1) if apply
+                   else jnp.zeros((leaf.size,), self.master_dtype))
+            out, crcs, tok = page_leaf(
+                self.table, [ios[k] for k in leaf.entries],
+                [state.crcs[k] for k in leaf.entries], read_slot, leaf.chunk_elems,
+                leaf.n_full, leaf.tail, out, compute, tok)
+            for k, c in zip(leaf.entries, crcs, strict=True):
+                new_crcs[k] = c
+            outs.append(out.reshape(leaf.shape))
+            tokens.append(tok)
+        new_ram = tuple(pre_ram) + tuple(new_inner_ram)
+        ram_io = ios[-1]
+        crc, tok = page_out(self.table, jnp.asarray(ram_io.file_ids)[1 - read_slot, 0],
+                            jnp.asarray(ram_io.offsets)[0], ram_bytes(plan, new_ram),
+                            new_token())
+        new_crcs[-1] = crc.reshape(1)
+        tokens.append(tok)
+        version = io_callback(self._commit, jax.ShapeDtypeStruct((), jnp.int32), state.version,
+                              tuple(new_crcs), tuple(tokens), ordered=True)
+        out_tree = jax.tree.unflatten(plan.params_def, outs)
+        return out_tree, PagedState(version, tuple(new_crcs), new_ram)
+
+    def _compute(self, plan, leaf, g_flat, p_flat, inner_ram, extra, apply, i, n, chunks):
+        start = i * leaf.chunk_elems
+        g = lax.dynamic_slice(g_flat, (start,), (n,))
+        p_ram = lax.dynamic_slice(p_flat, (start,), (n,))
+        entries = [plan.entries[k] for k in leaf.entries]
+        chunks = [x.astype(e.dtype) for e, x in zip(entries, chunks, strict=True)]
+        p_in, states = (chunks[0], chunks[1:]) if leaf.master else (p_ram, chunks)
+        u, new_states = _chunk.chunk_update(plan, self.inner, self.master_dtype, leaf.index, g,
+                                            p_in, states, inner_ram, extra)
+        # The new parameters are computed here, fused with the update as plain optax fuses
+        # them (XLA contracts a*b+c to FMA inside a fusion); the returned updates are then the
+        # exact difference, so that optax.apply_updates(params, updates) reproduces them.
+        new_p = optax.apply_updates(p_in, u)
+        if leaf.master:
+            writes = [new_p, *new_states]
+            new_param = new_p.astype(leaf.dtype)
+        else:
+            writes = list(new_states)
+            new_param = new_p
+        out = new_param if apply else exact_delta(new_param, p_ram)
+        return out, [w.astype(e.storage) for e, w in zip(entries, writes, strict=True)]
+
+    def _commit(self, version, crcs, tokens):
+        del tokens  # only a dependency: every write of the step has completed
+        store, version = self.store, int(version)
+        if store is None or store.closed:
+            raise PageStoreError(f"page store {self.root} was closed during the update")
+        if version != store.version:
+            raise PageStoreError(
+                f"the optimizer state describes version {version} of page store {self.root}, "
+                f"but the store is at version {store.version}: the state is stale (restore the "
+                "matching checkpoint with jaxoff.optim.restore_paged, or re-init)")
+        names = list(store.entries)
+        new = store.commit({n: np.asarray(c, np.uint32).reshape(-1)
+                            for n, c in zip(names, crcs, strict=True)})
+        return np.asarray(new, np.int32)
+
+
+def exact_delta(new: jax.Array, old: jax.Array) -> jax.Array:
+    """float32 ``u`` with ``old + u == new`` exactly (in float32) wherever one exists.
+
+    ``new - old`` is exact when the two are within a factor of two (Sterbenz); otherwise it
+    can be one ulp off, which a nudge towards the target repairs.
+    """
+    new, old = new.astype(jnp.float32), old.astype(jnp.float32)
+    u = new - old
+    for _ in range(2):
+        # The barrier keeps XLA from simplifying old + (new - old) to new.
+        r = old + lax.optimization_barrier(u)
+        u = jnp.where(r == new, u, jnp.nextafter(u, jnp.where(new > r, jnp.inf, -jnp.inf)))
+    return u
+
+
+def encode(offsets) -> np.ndarray:
+    from jaxoff.aio._ffi_calls import encode_offsets
+
+    return encode_offsets(np.asarray(offsets, np.int64)).reshape(-1, 2)
+
+
+def _write_chunk(store: PageStore, name: str, i: int, x: np.ndarray) -> int:
+    x = np.ascontiguousarray(x)
+    store.write_chunk(name, i, x)
+    return crc32c.crc32c(x.view(np.uint8).reshape(-1))
+
+
+def ram_bytes(plan: Plan, leaves) -> jax.Array:
+    """The RAM leaves as raw bytes (uint8[plan.ram_nbytes]), as stored in entry ``ram``."""
+    parts = []
+    for x in leaves:
+        x = jnp.asarray(x)
+        if x.dtype == jnp.bool_:
+            x = x.astype(jnp.uint8)
+        parts.append(lax.bitcast_convert_type(x, jnp.uint8).reshape(-1))
+    raw = jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint8)
+    return jnp.pad(raw, (0, plan.ram_nbytes - raw.shape[0]))
+
+
+def ram_bytes_np(plan: Plan, leaves) -> np.ndarray:
+    parts = []
+    for x in leaves:
+        x = np.asarray(x)
+        x = x.astype(np.uint8) if x.dtype == np.bool_ else x
+        parts.append(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
+    raw = np.concatenate(parts) if parts else np.zeros((0,), np.uint8)
+    return np.pad(raw, (0, plan.ram_nbytes - raw.shape[0]))
+
+
+def ram_from_bytes(plan: Plan, raw: np.ndarray) -> list[np.ndarray]:
+    out, pos = [], 0
+    for a in plan.ram_avals:
+        dt = np.dtype(a.dtype)
+        width = 1 if dt == np.bool_ else dt.itemsize
+        n = int(np.prod(a.shape)) * width
+        chunk = raw[pos : pos + n]
+        x = (chunk.view(np.uint8).astype(np.bool_) if dt == np.bool_ else chunk.view(dt))
+        out.append(x.reshape(a.shape))
+        pos += n
+    return out

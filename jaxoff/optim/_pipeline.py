@@ -1,0 +1,110 @@
+"""The paging pipeline of one parameter leaf: read chunk i+1, update chunk i, write chunk i-1.
+
+Per leaf, the first chunk, the last one or two and the short tail are staged in Python (their
+sizes are static); the uniform middle is one ``lax.scan`` whose body issues the read of the
+next chunk, the update of the current one and the write of the previous one with no data
+dependency between them, so the asynchronous FFI calls overlap with the arithmetic. The carry
+holds two chunks per paged tensor (the one just read, the one just updated), so resident
+optimizer state is a few chunks whatever the leaf's size.
+
+Why per leaf and not one global scan: chunks never straddle two leaves (the page store cuts
+each entry separately and the inner optimizer may treat leaves differently, e.g. masked weight
+decay), and a leaf's gradients and parameters are sliced in place from their own buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxoff.aio._ffi_calls import page_in, page_out
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryIO:
+    """Where one paged tensor's chunks live: per slot file ids, byte offsets, storage dtype."""
+
+    file_ids: np.ndarray  # int32 [2, num_chunks]: row 0 slot A, row 1 slot B
+    offsets: np.ndarray  # uint32 [num_chunks, 2] (low, high word)
+    storage: np.dtype
+
+
+def page_leaf(
+    table: str,
+    ios: list[EntryIO],
+    crcs_in: list[jax.Array],
+    read_slot: jax.Array,
+    chunk_elems: int,
+    n_full: int,
+    tail: int,
+    out: jax.Array,
+    compute: Callable,
+    token: jax.Array,
+) -> tuple[jax.Array, list[jax.Array], jax.Array]:
+    """Pages one leaf through ``compute`` chunk by chunk.
+
+    Args:
+      crcs_in: per entry, the crc32c of each chunk in the read slot (verified on read).
+      read_slot: 0 (A) or 1 (B); writes go to the other slot.
+      out: flat output buffer; chunk ``i`` of ``compute``'s first result lands at
+        ``i * chunk_elems``.
+      compute: ``(i, size, chunks_read) -> (out_chunk, chunks_to_write)``.
+
+    Returns:
+      ``(out, crcs of the chunks written per entry, token after the last write)``.
+    """
+    num = n_full + (1 if tail else 0)
+    write_slot = 1 - read_slot
+    fids = [jnp.asarray(io.file_ids) for io in ios]
+    offs = [jnp.asarray(io.offsets) for io in ios]
+    crcs_out = [jnp.zeros((num,), jnp.uint32) for _ in ios]
+    if num == 0:
+        return out, crcs_out, token
+
+    def size(i):
+        return chunk_elems if i < n_full else tail
+
+    def read(i, n, tok):
+        xs = []
+        for k, io in enumerate(ios):
+            x, tok = page_in(table, fids[k][read_slot, i], offs[k][i], crcs_in[k][i], tok,
+                             shape=(n,), dtype=io.storage)
+            xs.append(x)
+        return xs, tok
+
+    def write(i, xs, tok, crcs):
+        crcs = list(crcs)
+        for k, x in enumerate(xs):
+            crc, tok = page_out(table, fids[k][write_slot, i], offs[k][i], x, tok)
+            crcs[k] = crcs[k].at[i].set(crc)
+        return tok, crcs
+
+    def stage(i, n, next_n, carry):
+        cur, pend, out, tok_r, tok_w, crcs = carry
+        nxt = None
+        if next_n:
+            nxt, tok_r = read(i + 1, next_n, tok_r)
+        out_chunk, new = compute(i, n, cur)
+        out = lax.dynamic_update_slice(out, out_chunk.astype(out.dtype), (i * chunk_elems,))
+        if pend is not None:
+            tok_w, crcs = write(i - 1, pend, tok_w, crcs)
+        return nxt, new, out, tok_r, tok_w, crcs
+
+    cur, tok_r = read(0, size(0), token)
+    carry = (cur, None, out, tok_r, token, crcs_out)
+    carry = stage(0, size(0), size(1) if num > 1 else 0, carry)
+    if n_full >= 3:  # the uniform middle: chunks 1 .. n_full-2, each reading a full chunk
+        def body(carry, i):
+            return stage(i, chunk_elems, chunk_elems, carry), None
+
+        carry, _ = lax.scan(body, carry, jnp.arange(1, n_full - 1, dtype=jnp.int32))
+    for i in range(max(1, n_full - 1), num):
+        carry = stage(i, size(i), size(i + 1) if i + 1 < num else 0, carry)
+    _, pend, out, _, tok_w, crcs = carry
+    tok_w, crcs = write(num - 1, pend, tok_w, crcs)
+    return out, crcs, tok_w

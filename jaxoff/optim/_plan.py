@@ -1,0 +1,199 @@
+"""The plan of a paged optimizer: which tensors go to the page store, and under which names.
+
+For each parameter leaf: an fp32 master copy (only when the parameter's dtype is not the master
+dtype) and every per-parameter tensor of the inner optimizer state (Adam's ``mu`` and ``nu``,
+...). Everything else of the state (step counts, the state of global operations run before the
+pipeline) stays in RAM and is also written, as raw bytes, to the store entry ``ram`` so that
+every committed version of the store is a complete optimizer state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxoff.optim._checks import NotElementwiseError
+
+RAM_ENTRY = "ram"
+STORAGE_ITEMSIZE = 4  # every paged entry is stored with 4-byte elements: chunks line up
+_MAX_RAM_LEAF = 4096  # elements; a larger non-per-parameter state leaf is not element-wise
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryPlan:
+    """One page store entry: a master copy or one state tensor of one parameter leaf."""
+
+    name: str
+    leaf: int  # index of the parameter leaf
+    node: int  # -1 for the master copy, else index of the per-parameter state subtree
+    dtype: np.dtype  # dtype the optimizer sees
+    storage: np.dtype  # dtype on disk (4-byte; float16/bfloat16 widen exactly to float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafPlan:
+    """One parameter leaf and how it is cut into chunks."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype  # the parameter's dtype
+    master: bool  # whether an fp32 master copy is paged (params are not the master)
+    chunk_elems: int
+    entries: tuple[int, ...]  # indices into Plan.entries, master (if any) first
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def n_full(self) -> int:
+        return self.size // self.chunk_elems
+
+    @property
+    def tail(self) -> int:
+        return self.size % self.chunk_elems
+
+    @property
+    def num_chunks(self) -> int:
+        return self.n_full + (1 if self.tail else 0)
+
+    def chunk_size(self, i: int) -> int:
+        return self.chunk_elems if i < self.n_full else self.tail
+
+    def chunk_shape(self, n: int) -> tuple[int, ...]:
+        # A chunk keeps the leaf's rank, so masks such as ``lambda p: p.ndim > 1`` still work.
+        return (1,) * (len(self.shape) - 1) + (n,) if self.shape else ()
+
+    def empty_shape(self) -> tuple[int, ...]:
+        return (0,) * len(self.shape)
+
+    def one_shape(self) -> tuple[int, ...]:
+        return (1,) * len(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    params_def: Any
+    leaves: tuple[LeafPlan, ...]
+    entries: tuple[EntryPlan, ...]
+    state_def: Any  # treedef of the inner state's nodes (per-parameter subtrees or RAM leaves)
+    nodes: tuple[tuple[str, int], ...]  # per node: ("paged", subtree index) | ("ram", index)
+    node_dtypes: tuple[tuple[np.dtype, ...], ...]  # per paged subtree: dtype per leaf
+    pre_def: Any  # treedef of the state of the global ops run before the pipeline
+    ram_avals: tuple[jax.ShapeDtypeStruct, ...]  # pre-state leaves, then inner RAM leaves
+    num_pre: int
+
+    @property
+    def ram_nbytes(self) -> int:
+        n = sum(math.prod(a.shape) * _byte_width(a.dtype) for a in self.ram_avals)
+        return max(4, -(-n // 4) * 4)
+
+    def store_entries(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        out = {e.name: (self.leaves[e.leaf].shape, e.storage) for e in self.entries}
+        out[RAM_ENTRY] = ((self.ram_nbytes,), np.dtype(np.uint8))
+        return out
+
+
+def _byte_width(dtype) -> int:
+    return 1 if np.dtype(dtype) == np.bool_ else np.dtype(dtype).itemsize
+
+
+def path_name(path) -> str:
+    name = jax.tree_util.keystr(tuple(path), simple=True, separator=".")
+    return name or "root"
+
+
+def param_tree_matcher(params_def, params_leaves):
+    """``is_leaf`` for state trees: true on subtrees shaped like the parameters."""
+    if params_def.num_nodes == 1:  # parameters are a bare array: match arrays of its shape
+        shape = np.shape(params_leaves[0])
+        return lambda x: hasattr(x, "shape") and tuple(x.shape) == tuple(shape) and len(shape) > 0
+    return lambda x: x is not None and jax.tree.structure(x) == params_def
+
+
+def storage_dtype(dtype: np.dtype, what: str) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype.itemsize == STORAGE_ITEMSIZE:
+        return dtype
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < STORAGE_ITEMSIZE:
+        return np.dtype(np.float32)  # exact both ways
+    raise NotElementwiseError(
+        f"jaxoff.paged cannot page {what} of dtype {dtype}: paged tensors must have 4-byte "
+        "elements (or 2-byte floats, stored widened)"
+    )
+
+
+def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTransformation,
+              params: Any, chunk_bytes: int, master_dtype: Any) -> Plan:
+    """Plans the store entries for ``params`` (arrays or ShapeDtypeStructs)."""
+    master_dtype = np.dtype(master_dtype)
+    path_leaves, params_def = jax.tree_util.tree_flatten_with_path(params)
+    leaves_abs = [jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype)) for _, x in path_leaves]
+    names = [path_name(p) for p, _ in path_leaves]
+    masters = [np.dtype(a.dtype) != master_dtype for a in leaves_abs]
+    for a, name, m in zip(leaves_abs, names, masters, strict=True):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise NotElementwiseError(f"parameter {name!r} has dtype {a.dtype}: only floating "
+                                      "parameters can be optimized by jaxoff.paged")
+        if m and master_dtype.itemsize != STORAGE_ITEMSIZE:
+            raise NotElementwiseError(f"master_dtype must have 4-byte elements, got {master_dtype}")
+    master_abs = jax.tree.unflatten(
+        params_def, [jax.ShapeDtypeStruct(a.shape, master_dtype) for a in leaves_abs])
+    state_abs = jax.eval_shape(inner.init, master_abs)
+    matcher = param_tree_matcher(params_def, leaves_abs)
+    node_paths, state_def = jax.tree_util.tree_flatten_with_path(state_abs, is_leaf=matcher)
+    nodes, node_dtypes, node_names, ram_avals = [], [], [], []
+    for path, node in node_paths:
+        if matcher(node):
+            sub = jax.tree.leaves(node)
+            for s, a, name in zip(sub, leaves_abs, names, strict=True):
+                if tuple(s.shape) != tuple(a.shape):
+                    raise NotElementwiseError(
+                        f"jaxoff.paged cannot page this optimizer: its state {path_name(path)} "
+                        f"holds a tensor of shape {tuple(s.shape)} for parameter {name!r} of shape "
+                        f"{tuple(a.shape)}, so it is not element-wise")
+            nodes.append(("paged", len(node_dtypes)))
+            node_dtypes.append(tuple(np.dtype(s.dtype) for s in sub))
+            node_names.append(path_name(path))
+        else:
+            if math.prod(node.shape) > _MAX_RAM_LEAF:
+                raise NotElementwiseError(
+                    f"jaxoff.paged cannot page this optimizer: its state {path_name(path)} of "
+                    f"shape {tuple(node.shape)} is neither a per-parameter tensor nor a small "
+                    "scalar, so the optimizer is not element-wise")
+            nodes.append(("ram", len(ram_avals)))
+            ram_avals.append(jax.ShapeDtypeStruct(node.shape, node.dtype))
+    pre_avals, pre_def = [], jax.tree.structure(None)
+    if pre is not None:
+        pre_state = jax.eval_shape(pre.init, jax.tree.unflatten(params_def, leaves_abs))
+        pre_leaves, pre_def = jax.tree.flatten(pre_state)
+        pre_avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in pre_leaves]
+    chunk_elems = chunk_bytes // STORAGE_ITEMSIZE
+    entries, leaves = [], []
+    for i, (a, name, m) in enumerate(zip(leaves_abs, names, masters, strict=True)):
+        mine = []
+        if m:
+            mine.append(len(entries))
+            entries.append(EntryPlan(f"master.{name}", i, -1, master_dtype, master_dtype))
+        for k, (nname, dts) in enumerate(zip(node_names, node_dtypes, strict=True)):
+            mine.append(len(entries))
+            st = storage_dtype(dts[i], f"optimizer state {nname} of {name!r}")
+            entries.append(EntryPlan(f"opt.{nname}.{name}", i, k, dts[i], st))
+        leaves.append(LeafPlan(i, name, tuple(a.shape), np.dtype(a.dtype), m, chunk_elems,
+                               tuple(mine)))
+        if leaves[-1].size >= 2**31 - chunk_elems:
+            raise NotElementwiseError(f"parameter {name!r} has {leaves[-1].size} elements; "
+                                      "jaxoff.paged supports at most 2**31 per leaf")
+    plan = Plan(params_def, tuple(leaves), tuple(entries), state_def, tuple(nodes),
+                tuple(node_dtypes), pre_def, tuple(pre_avals) + tuple(ram_avals), len(pre_avals))
+    if plan.ram_nbytes > chunk_bytes:
+        raise NotElementwiseError(f"the optimizer's RAM state ({plan.ram_nbytes} bytes) does not "
+                                  f"fit one chunk of {chunk_bytes} bytes")
+    return plan
