@@ -39,6 +39,12 @@ def _compare() -> Command:
     )
 
 
+def _plan() -> Command:
+    from .plan import PlanConfig, run
+
+    return Command(PlanConfig, run, "choose remat/offload/placement under memory budgets")
+
+
 def _io_bench() -> Command:
     from ._iobench import IOBenchConfig, run
 
@@ -50,6 +56,7 @@ COMMANDS: dict[str, Callable[[], Command]] = {
     "train": _train,
     "compare": _compare,
     "io-bench": _io_bench,
+    "plan": _plan,
 }
 
 

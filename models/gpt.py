@@ -98,6 +98,17 @@ class GPTConfig:
             ``k`` blocks with no remat of their own, so only segment boundaries are kept
             between forward and backward (Chen et al. 2016, "Training deep nets with
             sublinear memory cost": ``k ~ sqrt(num_layers)`` gives O(sqrt L) memory).
+        stream_window: ``0`` runs the blocks' parameters where they are. ``w >= 1``
+            *streams* them: the stacked block parameters stay where the caller put them
+            (typically host memory) and each layer's slice is copied to ``stream_to``
+            inside the layer loop, ``w`` layers ahead of the one computing (so at most
+            ``w + 1`` layers' parameters are in device memory), in forward and again, in
+            reverse order, in backward. Streaming saves each block's input and recomputes
+            the block in backward (as ``nothing_saveable``); see :func:`stream_blocks`.
+        stream_to: where a streamed layer's parameters are copied to: ``None`` means
+            device memory (``jax.memory.Space.Device``, sharding unchanged); otherwise
+            anything ``jax.device_put`` accepts (e.g. a replicated ``NamedSharding`` with
+            ``memory_kind="device"``, which also all-gathers FSDP-sharded parameters).
     """
 
     num_layers: int
@@ -111,6 +122,8 @@ class GPTConfig:
     policy: PolicySpec = None
     scan_unroll: int = 1
     remat_every: int = 1
+    stream_window: int = 0
+    stream_to: Any = None
 
     def __post_init__(self):
         if self.num_layers < 1 or self.d_model < 1 or self.num_heads < 1 or self.d_ff < 1:
@@ -130,6 +143,13 @@ class GPTConfig:
                 raise ValueError(
                     f"{field}={getattr(self, field)!r} is not one of {sorted(_DTYPES)}"
                 )
+        if self.stream_window < 0:
+            raise ValueError(f"stream_window must be 0 (off) or at least 1, got {self}")
+        if self.stream_window and self.remat_every != 1:
+            raise ValueError(
+                f"stream_window={self.stream_window} streams one block per layer step and "
+                f"cannot be combined with remat_every={self.remat_every}"
+            )
         if isinstance(self.policy, str) and not hasattr(jax.checkpoint_policies, self.policy):
             raise ValueError(
                 f"policy={self.policy!r} is not an attribute of jax.checkpoint_policies"
@@ -309,9 +329,16 @@ class GPT(nnx.Module):
         if cfg.positions == "learned":
             x = x + self.pos_embed(jnp.arange(seq))[None]
         x = x.astype(cfg.compute_dtype)
-        x = scan_blocks(
-            self.blocks, x, policy=cfg.policy, unroll=cfg.scan_unroll, remat_every=cfg.remat_every
-        )
+        if cfg.stream_window:
+            x = stream_blocks(self.blocks, x, window=cfg.stream_window, to=cfg.stream_to)
+        else:
+            x = scan_blocks(
+                self.blocks,
+                x,
+                policy=cfg.policy,
+                unroll=cfg.scan_unroll,
+                remat_every=cfg.remat_every,
+            )
         return self.head(self.final_norm(x)).astype(jnp.float32)
 
 
@@ -359,3 +386,101 @@ def scan_blocks(
     if rest:
         h = segment(jax.tree.map(lambda a: a[groups * k :], state), h)
     return h
+
+
+def stream_blocks(blocks: Block, x: jax.Array, *, window: int, to: Any = None) -> jax.Array:
+    """Runs stacked ``blocks`` over ``x``, copying each layer's parameters in as it is needed.
+
+    The stacked parameters stay where they are (host memory, typically); inside the
+    layer loop the parameters of layer ``i + window`` are copied to ``to`` (default:
+    device memory) while layer ``i`` computes, into a ring of ``window + 1`` device
+    slots, so at most ``window + 1`` layers' parameters are on the device at once
+    (``window = 1``: L2L, Pudipeddi et al. 2020; ``window > 1``: a STRONGHOLD-style
+    working window, Sun et al. 2022). The copy and the compute have no data dependency,
+    so an accelerator's scheduler can overlap them.
+
+    Autodiff cannot see that a prefetched copy may be fetched again (a copy carried
+    from one loop step to the next would be saved for backward, every layer's weights
+    on device), so the loop has a custom VJP: forward saves each block's input only;
+    backward walks the layers in reverse with the same ring (prefetching ``window``
+    layers below), recomputes the block, and sends each layer's parameter gradient
+    back to the parameters' own memory space inside the loop. The arithmetic is the
+    block's own forward and VJP, as under ``nothing_saveable`` remat.
+    """
+    graphdef, state = nnx.split(blocks)
+
+    def block(layer_state, h):
+        return nnx.merge(graphdef, layer_state)(h)
+
+    # where the parameters live, read here: inside the custom VJP's backward its
+    # residuals no longer carry their memory space
+    homes = jax.tree.map(lambda a: jax.typeof(a).memory_space, state)
+    to = jax.memory.Space.Device if to is None else to
+    return _streamed(block, window, to, homes)(state, x)
+
+
+def _streamed(block: Callable, window: int, to: Any, homes: Any) -> Callable:
+    """``run(stacked, x)`` of :func:`stream_blocks`, with its custom VJP."""
+
+    def fetch(stacked, i):
+        n = jax.tree.leaves(stacked)[0].shape[0]
+        i = jnp.clip(i, 0, n - 1)  # the last `window` steps re-fetch an end layer (unused)
+        return jax.tree.map(
+            lambda a: jax.device_put(jax.lax.dynamic_index_in_dim(a, i, 0, False), to), stacked
+        )
+
+    def ring_init(stacked, first, step):
+        # slots 0..w-1 hold layers first, first+step, ...; slot w is free
+        w = window
+        layers = [fetch(stacked, first + step * k) for k in range(w)]
+        return jax.tree.map(lambda *a: jnp.stack([*a, jnp.zeros_like(a[0])]), *layers)
+
+    def slot(ring, j):
+        j = j % (window + 1)
+        return jax.tree.map(lambda r: jax.lax.dynamic_index_in_dim(r, j, 0, False), ring)
+
+    def put(ring, j, layer):
+        return jax.tree.map(
+            lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, j % (window + 1), 0), ring, layer
+        )
+
+    def forward(stacked, x, save: bool):
+        n = jax.tree.leaves(stacked)[0].shape[0]
+
+        def body(carry, j):
+            h, ring = carry
+            ahead = fetch(stacked, j + window)  # prefetch; independent of this layer
+            out = block(slot(ring, j), h)
+            return (out, put(ring, j + window, ahead)), (h if save else None)
+
+        (h, _), saved = jax.lax.scan(body, (x, ring_init(stacked, 0, 1)), jnp.arange(n))
+        return h, saved
+
+    @jax.custom_vjp
+    def run(stacked, x):
+        return forward(stacked, x, save=False)[0]
+
+    def run_fwd(stacked, x):
+        h, saved = forward(stacked, x, save=True)
+        return h, (stacked, saved)
+
+    def run_bwd(res, g):
+        stacked, saved = res
+        n = jax.tree.leaves(stacked)[0].shape[0]
+
+        def body(carry, i):  # i runs n-1 .. 0 (reverse scan); j counts steps from 0
+            gh, ring = carry
+            j = n - 1 - i
+            ahead = fetch(stacked, i - window)
+            h = jax.lax.dynamic_index_in_dim(saved, i, 0, False)
+            _, vjp = jax.vjp(block, slot(ring, j), h)
+            g_layer, gh = vjp(gh)
+            g_layer = jax.tree.map(jax.device_put, g_layer, homes)  # back to the params' home
+            return (gh, put(ring, j + window, ahead)), g_layer
+
+        init = (g, ring_init(stacked, n - 1, -1))
+        (gx, _), g_stacked = jax.lax.scan(body, init, jnp.arange(n), reverse=True)
+        return g_stacked, gx
+
+    run.defvjp(run_fwd, run_bwd)
+    return run

@@ -40,13 +40,16 @@ def _tokens(batch: int, seq: int):
     return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
 
 
-def compile_step(model_cfg, batch: int, seq: int):
-    """``(compiled, jitted, abstract_state)`` of the real train step, state donated."""
+def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
+    """``(compiled, jitted, abstract_state)`` of the real train step, state donated and
+    placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings)."""
+    from ..placement import abstract_with, jit_step, streamed_model
     from ..train._step import abstract_state, make_train_step
 
     tx = optimizer()
-    graphdef, state = abstract_state(model_cfg, tx)
-    jitted = jax.jit(make_train_step(graphdef, tx), donate_argnums=0)
+    graphdef, state = abstract_state(streamed_model(model_cfg, placement), tx)
+    jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state)
+    state = abstract_with(state, shardings)
     tok = _tokens(batch, seq)
     return jitted.lower(state, tok, tok).compile(), jitted, state
 
@@ -119,24 +122,37 @@ def _subs(eqn):
 
 
 def measure_policy(
-    model: str, spec: str, batch: int, seq: int, steps: int, warmup: int, seed: int = 0
+    model: str,
+    spec: str,
+    batch: int,
+    seq: int,
+    steps: int,
+    warmup: int,
+    seed: int = 0,
+    placement: str = "device",
 ) -> dict:
-    """Every figure of one policy, as a JSON-able dict (see ``_report.COLUMNS``)."""
+    """Every figure of one policy under one placement, as a JSON-able dict
+    (see ``_report.COLUMNS``)."""
+    from ..placement import bytes_by_kind, check_placement, streamed_model
     from ..train._step import init_state, make_train_step
 
     cfg = model_config(model, spec)
+    check_placement(placement, cfg, policy=spec)
     t0 = time.perf_counter()
-    compiled, _, abstract = compile_step(cfg, batch, seq)
+    compiled, _, abstract = compile_step(cfg, batch, seq, placement)
+    cfg = streamed_model(cfg, placement)
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     tok = _tokens(batch, seq)
     from ..train._step import abstract_state
 
     graphdef, _ = abstract_state(cfg, optimizer())
-    jaxpr = jax.make_jaxpr(make_train_step(graphdef, optimizer()))(abstract, tok, tok)
+    jaxpr = jax.make_jaxpr(make_train_step(graphdef, optimizer(), placement))(abstract, tok, tok)
     flops = step_flops(cfg, batch, seq)
+    state_kinds = bytes_by_kind(abstract, jax.tree.map(lambda s: s.sharding, abstract))
 
     _, state = init_state(cfg, optimizer(), seed)
+    state = jax.device_put(state, jax.tree.map(lambda s: s.sharding, abstract))
     key = jax.random.key(seed)
     tokens = jax.random.randint(key, (batch, seq + 1), 0, 256, dtype=jnp.int32)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -149,7 +165,10 @@ def measure_policy(
             times.append(time.perf_counter() - start)
     return {
         "policy": spec,
+        "placement": placement,
         "remat_every": cfg.remat_every,
+        "device_state_bytes": state_kinds.get("device", 0),
+        "host_state_bytes": sum(b for k, b in state_kinds.items() if k != "device"),
         "temp_bytes": int(mem.temp_size_in_bytes),
         "argument_bytes": int(mem.argument_size_in_bytes),
         "host_bytes": host_bytes(jaxpr),
@@ -170,10 +189,20 @@ def measure_isolated(
     warmup: int,
     seed: int = 0,
     timeout: float = 1800,
+    placement: str = "device",
 ) -> dict:
     """:func:`measure_policy` in a fresh Python process (its own peak RSS)."""
     args = json.dumps(
-        dict(model=model, spec=spec, batch=batch, seq=seq, steps=steps, warmup=warmup, seed=seed)
+        dict(
+            model=model,
+            spec=spec,
+            batch=batch,
+            seq=seq,
+            steps=steps,
+            warmup=warmup,
+            seed=seed,
+            placement=placement,
+        )
     )
     proc = subprocess.run(
         [sys.executable, "-m", "jaxoff.compare._measure", args],

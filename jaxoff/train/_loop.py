@@ -12,10 +12,26 @@ import jax
 import numpy as np
 
 from .._errors import ConfigError
+from ..placement import (
+    abstract_with,
+    fetch_params,
+    get_placement,
+    jit_step,
+    state_shardings,
+    streamed_model,
+)
 from ._checkpoint import Checkpoints, check_resumable
 from ._config import RESUMABLE_CHANGES, TrainConfig
 from ._data import Batches, load_corpus, split
-from ._metrics import GIB, MetricsLog, ProgressBar, peak_rss_bytes, read_metrics, rss_bytes
+from ._metrics import (
+    GIB,
+    MetricsLog,
+    ProgressBar,
+    disk_io_bytes,
+    peak_rss_bytes,
+    read_metrics,
+    rss_bytes,
+)
 from ._step import abstract_state, init_state, make_loss_fn, make_train_step
 
 
@@ -65,13 +81,6 @@ def _trim_metrics(path: Path, last_step: int) -> None:
         tmp.replace(path)
 
 
-def _with_sharding(abstract):
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), abstract
-    )
-
-
 def train(cfg: TrainConfig) -> TrainResult:
     """Trains ``cfg.model`` for ``cfg.steps`` steps (or resumes); returns the metrics.
 
@@ -90,23 +99,31 @@ def train(cfg: TrainConfig) -> TrainResult:
     val_batches = Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
 
     tx = cfg.build_optimizer()
-    model_cfg = cfg.model_config()
-    ckpts = Checkpoints(out, cfg.keep_checkpoints)
+    mesh = cfg.mesh()
+    model_cfg = streamed_model(cfg.model_config(), cfg.placement, mesh)
+    ckpts = Checkpoints(out, cfg.keep_checkpoints, tx)
     _prepare_out_dir(cfg, ckpts)
     if cfg.resume:
         start = ckpts.latest_step()
         graphdef, abstract = abstract_state(model_cfg, tx)
-        state = ckpts.restore(start, _with_sharding(abstract))
+        shardings = state_shardings(get_placement(cfg.placement), abstract, mesh)
+        state = ckpts.restore(start, abstract_with(abstract, shardings))
+        if ckpts.paged:
+            # the store may be ahead of (or elsewhere than) the checkpoint: write it back
+            state = state._replace(opt_state=ckpts.restore_paged(tx, start, state.params))
         _trim_metrics(out / "metrics.jsonl", start)
     else:
         start = 0
         graphdef, state = init_state(model_cfg, tx, cfg.seed)
 
     t0 = time.perf_counter()
-    step_fn = jax.jit(make_train_step(graphdef, tx), donate_argnums=0)
+    step_fn, shardings = jit_step(
+        make_train_step(graphdef, tx, cfg.placement), cfg.placement, state, mesh
+    )
+    state = jax.device_put(state, shardings)
     step_fn = step_fn.lower(state, *batches(start)).compile()
     compile_s = time.perf_counter() - t0
-    eval_fn = jax.jit(make_loss_fn(graphdef))
+    eval_fn = jax.jit(make_loss_fn(graphdef, fetch_params(cfg.placement)))
 
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
     log = MetricsLog(out / "metrics.jsonl")
@@ -118,9 +135,11 @@ def train(cfg: TrainConfig) -> TrainResult:
             for step in range(start + 1, end + 1):
                 inputs, targets = batches(step - 1)
                 t = time.perf_counter()
+                io0 = disk_io_bytes()
                 state, metrics = step_fn(state, inputs, targets)
                 loss = float(metrics["loss"])  # waits for the step
                 dt = time.perf_counter() - t
+                io1 = disk_io_bytes()
                 record = {
                     "step": step,
                     "loss": loss,
@@ -130,6 +149,8 @@ def train(cfg: TrainConfig) -> TrainResult:
                     "rss_gib": rss_bytes() / GIB,
                     "peak_rss_gib": peak_rss_bytes() / GIB,
                     "elapsed_s": time.perf_counter() - loop_start,
+                    "disk_read_gbps": (io1[0] - io0[0]) / dt / 1e9,
+                    "disk_write_gbps": (io1[1] - io0[1]) / dt / 1e9,
                 }
                 if step == start + 1:
                     record["compile_s"] = compile_s
@@ -143,6 +164,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     finally:
         log.close()
         ckpts.close()
+        if hasattr(tx, "close"):
+            tx.close()  # releases the page store's lock
     return TrainResult(start, end, records)
 
 
@@ -157,5 +180,7 @@ def _bar_stats(record: dict, records: list[dict]) -> dict:
     if val is not None:
         stats["val"] = f"{val:.3f}"
     stats["tok/s"] = f"{record['tokens_per_s']:,.0f}"
+    if record["disk_read_gbps"] or record["disk_write_gbps"]:
+        stats["disk r/w"] = f"{record['disk_read_gbps']:.2f}/{record['disk_write_gbps']:.2f}GB/s"
     stats["rss"] = f"{record['rss_gib']:.2f}GiB"
     return stats

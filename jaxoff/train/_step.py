@@ -22,28 +22,35 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def make_loss_fn(graphdef: nnx.GraphDef):
-    """``loss(params, inputs, targets)`` of the model described by ``graphdef``."""
+def make_loss_fn(graphdef: nnx.GraphDef, fetch=None):
+    """``loss(params, inputs, targets)`` of the model described by ``graphdef``.
+
+    ``fetch`` (see ``jaxoff.placement.fetch_params``) brings host parameters to the device.
+    """
 
     def loss_fn(params, inputs, targets):
+        params = params if fetch is None else fetch(params)
         return cross_entropy(nnx.merge(graphdef, params)(inputs), targets)
 
     return loss_fn
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, placement=None):
     """Returns ``train_step(state, inputs, targets) -> (state, metrics)``, not yet jitted.
 
     The caller jits it with ``donate_argnums=0`` so parameters and optimizer state are
-    updated in place.
+    updated in place. ``placement`` (a ``jaxoff.placement.Placement`` or its name) says
+    where the state lives; the caller also gives the jit its ``state_shardings``.
     """
-    loss_fn = make_loss_fn(graphdef)
+    from ..placement import fetch_params, make_update
+
+    loss_fn = make_loss_fn(graphdef, fetch_params(placement))
+    update = make_update(tx, placement)
 
     def train_step(state: TrainState, inputs: jax.Array, targets: jax.Array):
         loss, grads = jax.value_and_grad(loss_fn)(state.params, inputs, targets)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        params, opt_state, grad_norm = update(grads, state.opt_state, state.params)
+        metrics = {"loss": loss, "grad_norm": grad_norm}
         return TrainState(state.step + 1, params, opt_state), metrics
 
     return train_step

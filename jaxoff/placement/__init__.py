@@ -1,0 +1,46 @@
+"""Where parameters, gradients and optimizer states live, and layer streaming.
+
+A placement is data (:class:`Placement`, presets in :data:`PRESETS`); it becomes
+shardings with a ``memory_kind`` (:func:`state_shardings`, FSDP-sharded on a mesh) for
+the jitted step's in/out shardings, and two helpers the step composes:
+:func:`fetch_params` (host parameters to the device before the forward pass, unless
+the layers stream) and :func:`make_update` (the optimizer update where the placement
+says). Layer streaming itself lives in the model (``models.gpt.stream_blocks``),
+switched on by :func:`streamed_model`.
+"""
+
+from ._apply import fetch_params as fetch_params
+from ._apply import make_update as make_update
+from ._apply import move as move
+from ._apply import streamed_model as streamed_model
+from ._check import check_placement as check_placement
+from ._export import analyze as analyze_export
+from ._export import check_export as check_export
+from ._jit import abstract_with as abstract_with
+from ._jit import jit_step as jit_step
+from ._placement import PRESETS as PRESETS
+from ._placement import Placement as Placement
+from ._placement import get_placement as get_placement
+from ._shardings import batch_sharding as batch_sharding
+from ._shardings import bytes_by_kind as bytes_by_kind
+from ._shardings import make_mesh as make_mesh
+from ._shardings import state_shardings as state_shardings
+
+__all__ = [
+    "PRESETS",
+    "Placement",
+    "abstract_with",
+    "analyze_export",
+    "batch_sharding",
+    "bytes_by_kind",
+    "check_export",
+    "check_placement",
+    "fetch_params",
+    "get_placement",
+    "jit_step",
+    "make_mesh",
+    "make_update",
+    "move",
+    "state_shardings",
+    "streamed_model",
+]

@@ -1,0 +1,146 @@
+"""``jaxoff plan``: options (one frozen dataclass) and the runner."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from .._errors import ConfigError
+
+# Presets whose policies the cost model can price (names-based, one remat unit per layer).
+COMPARED_PRESETS = ("full", "selective", "offload_dots", "offload_all")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanConfig:
+    """Chooses, per residual and for parameters and optimizer states, where they live.
+
+    Attributes:
+        model: named size from ``models.gpt.CONFIGS``.
+        hardware: a preset (h100-sxm, h100-pcie, a100-40, a100-80, rtx4090, tpu-v5e) or
+            ``cpu`` to calibrate this machine.
+        device_mem: device memory budget (e.g. 16GiB); default: the hardware's.
+        host_mem: host memory budget; default: the hardware's.
+        disk: NVMe budget for page files; default: the hardware's.
+        batch_size: sequences per step.
+        seq_len: tokens per sequence.
+        dtype: compute and parameter dtype (float32 or bfloat16).
+        io_bench: JSON lines from ``jaxoff io-bench --json FILE`` for disk speeds (with
+            ``--hardware cpu``); default: a quick measurement.
+        out: where the plan (JSON) is written; run it with ``jaxoff train --plan FILE``.
+        cpu_lowering: count offloaded residuals in device memory, as XLA's CPU backend
+            does (default: on for ``--hardware cpu``).
+    """
+
+    model: str = "tiny"
+    hardware: str = "cpu"
+    device_mem: str | None = None
+    host_mem: str | None = None
+    disk: str | None = None
+    batch_size: Annotated[int, tyro.conf.arg(aliases=("--batch",))] = 8
+    seq_len: Annotated[int, tyro.conf.arg(aliases=("--seq",))] = 128
+    dtype: str = "float32"
+    io_bench: Path | None = None
+    out: Path = Path("plan.json")
+    cpu_lowering: bool | None = None
+
+    def validate(self) -> PlanConfig:
+        from models.gpt import _DTYPES, CONFIGS
+
+        from ._hardware import PRESETS, parse_size
+
+        if self.model not in CONFIGS:
+            raise ConfigError(
+                f"--model {self.model!r} is not a known size; choose one of {', '.join(CONFIGS)}"
+            )
+        if self.hardware not in PRESETS and self.hardware not in ("cpu", "calibrate"):
+            raise ConfigError(
+                f"--hardware {self.hardware!r}: choose a preset ({', '.join(PRESETS)}) or cpu"
+            )
+        for name in ("batch_size", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.seq_len > CONFIGS[self.model].max_seq_len:
+            raise ConfigError(
+                f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
+                f"{CONFIGS[self.model].max_seq_len}"
+            )
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(_DTYPES)}")
+        for name in ("device_mem", "host_mem", "disk"):
+            if getattr(self, name) is not None and parse_size(getattr(self, name)) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        return self
+
+    def model_config(self):
+        from models.gpt import CONFIGS
+
+        return dataclasses.replace(CONFIGS[self.model], dtype=self.dtype, param_dtype=self.dtype)
+
+    def get_hardware(self):
+        from ._hardware import get_hardware, parse_size
+
+        hw = get_hardware(self.hardware, self.dtype, self.io_bench)
+        size = {k: (None if v is None else parse_size(v)) for k, v in
+                dict(device_mem=self.device_mem, host_mem=self.host_mem, disk=self.disk).items()}
+        return hw.with_budgets(**size)
+
+
+def make_plan(cfg: PlanConfig, console=None):
+    """Profiles, solves (MILP and greedy), prints, writes ``cfg.out``; returns the PlanFile.
+
+    Example:
+        >>> from jaxoff.plan import PlanConfig, make_plan  # doctest: +SKIP
+        >>> make_plan(PlanConfig(model="xl", hardware="rtx4090", batch_size=8, seq_len=1024))
+    """
+    from rich.console import Console
+
+    from ._cost import Plan, evaluate, fits
+    from ._greedy import greedy
+    from ._planfile import PlanFile, prediction_json
+    from ._profile import profile
+    from ._report import print_plan
+    from ._solver import solve
+
+    console = console or Console()
+    hw = cfg.get_hardware()
+    cpu_lowering = hw.shared_memory if cfg.cpu_lowering is None else cfg.cpu_lowering
+    with console.status(f"profiling {cfg.model} at batch {cfg.batch_size} x seq {cfg.seq_len}"):
+        prof = profile(cfg.model_config(), cfg.batch_size, cfg.seq_len, model=cfg.model)
+    plan = solve(prof, hw, cpu_lowering=cpu_lowering)
+    pred = evaluate(prof, hw, plan, cpu_lowering=cpu_lowering)
+    gplan, gpred = greedy(prof, hw, cpu_lowering=cpu_lowering)
+    others = [("greedy baseline", gplan, gpred)]
+    for name in COMPARED_PRESETS:
+        p = preset_plan(prof, name)
+        e = evaluate(prof, hw, p, cpu_lowering=cpu_lowering)
+        others.append((f"preset {name}" + ("" if fits(e, hw) else " (does not fit)"), p, e))
+    print_plan(prof, hw, plan, pred, others, console)
+    pf = PlanFile(
+        cfg.model, prof.model_config, cfg.batch_size, cfg.seq_len, plan, hw.to_json(),
+        prediction_json(pred), None if gpred is None else {
+            "plan": {"actions": dict(gplan.actions), "params": gplan.params, "opt": gplan.opt},
+            "prediction": prediction_json(gpred),
+        },
+    )
+    path = pf.save(cfg.out)
+    console.print(f"plan written to {path}; run it with `jaxoff train --model {cfg.model} "
+                  f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --plan {path}`")
+    del Plan
+    return pf
+
+
+def preset_plan(prof, name: str):
+    """A names-based preset as a :class:`~jaxoff.plan._cost.Plan` (params, states on device)."""
+    from ..policy import PRESETS
+    from ._cost import Plan
+
+    return Plan.from_actions(prof, {n: a.value for n, a in PRESETS[name].policy.actions})
+
+
+def run(cfg: PlanConfig) -> int:
+    make_plan(cfg)
+    return 0

@@ -1,0 +1,169 @@
+"""Plan files: JSON that ``jaxoff plan`` writes and ``jaxoff train --plan FILE`` runs.
+
+A plan records the model it was made for (the shape/dtype fields of its ``GPTConfig``)
+and the batch shape; running it on another model is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from .._errors import ConfigError
+from ._cost import Plan, Prediction
+from ._profile import config_fingerprint
+
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanFile:
+    """What a plan file holds.
+
+    Attributes:
+        model: the model's name (``models.gpt.CONFIGS`` key).
+        model_config: shape and dtype fields of the model it was made for.
+        batch, seq: the batch shape it was made for.
+        plan: per-name actions and the homes of parameters and optimizer states.
+        hardware: the budgets and speeds it was made for.
+        prediction: the cost model's figures for the plan.
+        baseline: the greedy plan's figures (or ``None`` if greedy found none).
+    """
+
+    model: str
+    model_config: dict
+    batch: int
+    seq: int
+    plan: Plan
+    hardware: dict
+    prediction: dict
+    baseline: dict | None = None
+
+    def policy(self):
+        """The :class:`jaxoff.policy.Policy` of the plan's residual actions."""
+        from ..policy import Policy
+
+        return Policy.from_mapping(dict(self.plan.actions))
+
+    def policy_spec(self) -> str:
+        """The policy spelled for ``--policy`` (``name=action,...``)."""
+        return ",".join(f"{n}={a}" for n, a in self.plan.actions)
+
+    def to_json(self) -> dict:
+        return {
+            "version": VERSION,
+            "model": self.model,
+            "model_config": self.model_config,
+            "batch": self.batch,
+            "seq": self.seq,
+            "plan": {
+                "actions": dict(self.plan.actions),
+                "params": self.plan.params,
+                "opt": self.plan.opt,
+            },
+            "hardware": self.hardware,
+            "prediction": self.prediction,
+            "baseline": self.baseline,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> PlanFile:
+        if d.get("version") != VERSION:
+            raise ConfigError(
+                f"plan file version {d.get('version')!r} is not {VERSION}; make it again "
+                f"with this jaxoff's `jaxoff plan`"
+            )
+        p = d["plan"]
+        plan = Plan(tuple(p["actions"].items()), p["params"], p["opt"])
+        return cls(
+            d["model"], d["model_config"], d["batch"], d["seq"], plan, d["hardware"],
+            d["prediction"], d.get("baseline"),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n")
+        return path
+
+    def check_model(self, model_cfg, batch: int | None = None, seq: int | None = None):
+        """Raises :class:`ConfigError` unless ``model_cfg`` is the model planned for."""
+        have = config_fingerprint(model_cfg)
+        diff = {
+            k: (self.model_config.get(k), have.get(k))
+            for k in sorted(set(have) | set(self.model_config))
+            if self.model_config.get(k) != have.get(k)
+        }
+        if diff:
+            shown = ", ".join(f"{k} planned {a!r} but running {b!r}" for k, a, b in
+                              ((k, *v) for k, v in diff.items()))
+            raise ConfigError(
+                f"this plan was made for model {self.model!r} and does not fit the model "
+                f"being run ({shown}); make a plan for this model with "
+                f"`jaxoff plan --model ...`"
+            )
+        if (batch, seq) != (None, None) and (batch, seq) != (self.batch, self.seq):
+            raise ConfigError(
+                f"this plan was made for batch {self.batch} x seq {self.seq}, not "
+                f"{batch} x {seq}: activation memory depends on both; pass --batch-size "
+                f"{self.batch} --seq-len {self.seq} or plan again"
+            )
+
+
+def load_plan(path: str | Path) -> PlanFile:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--plan {path}: no such file (write one with `jaxoff plan --out`)")
+    try:
+        return PlanFile.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ConfigError(f"--plan {path}: not a jaxoff plan file ({e})") from None
+
+
+def prediction_json(pred: Prediction) -> dict:
+    d = dataclasses.asdict(pred)
+    d["step_s"] = pred.step_s
+    return d
+
+
+APPLIED_NOTE = (
+    "params/optimizer homes other than 'device' are recorded, not applied: TrainConfig "
+    "has no placement/paging option yet"
+)
+
+
+def apply_plan(cfg):
+    """``TrainConfig`` with the plan of ``cfg.plan`` applied: its remat/offload policy.
+
+    Checks the plan was made for this model and batch shape. Parameter and optimizer
+    homes are applied through TrainConfig fields when those exist (``param_home``,
+    ``opt_home``); otherwise they are recorded and a note is printed.
+    """
+    import sys
+
+    pf = load_plan(cfg.plan)
+    model_cfg = dataclasses.replace(
+        _base_model(cfg.model), positions=cfg.positions, dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+    )
+    pf.check_model(model_cfg, cfg.batch_size, cfg.seq_len)
+    changes = {"policy": pf.policy_spec()}
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    pending = []
+    for home_field, value in (("param_home", pf.plan.params), ("opt_home", pf.plan.opt)):
+        if home_field in fields:
+            changes[home_field] = value
+        elif value != "device":
+            pending.append(f"{home_field}={value}")
+    if pending:
+        print(f"jaxoff train --plan: {', '.join(pending)}: {APPLIED_NOTE}", file=sys.stderr)
+    return dataclasses.replace(cfg, **changes)
+
+
+def _base_model(name: str):
+    from models.gpt import CONFIGS
+
+    if name not in CONFIGS:
+        raise ConfigError(f"--model {name!r} is not a known size; choose one of {', '.join(CONFIGS)}")
+    return CONFIGS[name]

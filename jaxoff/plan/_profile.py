@@ -1,0 +1,287 @@
+"""Profile of one model and batch shape: what each named residual costs in bytes and in
+recompute FLOPs, and what parameters, gradients and optimizer states weigh.
+
+Measured on the traced and compiled program, not from formulas of the model:
+
+* **per-name bytes, predecessors and recompute FLOPs** from the jaxpr of one scanned
+  block (:func:`~jaxoff.plan._jaxpr.block_values`);
+* **which names the backward pass needs** from the residuals the forward layer scan
+  hands to the backward one, traced once with every name kept and once per name with
+  that name dropped (a name whose drop changes nothing is only needed to recompute
+  others);
+* **step FLOPs** from the jaxpr of the whole train step, scans times their length
+  (``cost_analysis`` counts a scan body once);
+* **workspace** (temporaries that are not stacked residuals: gradients, the backward
+  of one layer, the head and loss) from ``compiled.memory_analysis()`` of the scanned
+  step, compiled with every name kept and with every name recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from ._jaxpr import block_values, find_scans, jaxpr_flops, residual_bytes
+
+CARRY = "layer_input"  # the block input: kept by remat itself whatever the policy says
+
+
+@dataclasses.dataclass(frozen=True)
+class NameProfile:
+    """One named residual, per layer.
+
+    Attributes:
+        name: the residual name.
+        bytes: size of one layer's value.
+        flops: FLOPs to recompute it from its predecessors.
+        preds: names it is computed from (through untagged ops).
+        direct: the backward pass reads it (if not kept, it must be recomputed); when
+            False it is needed only to recompute other names.
+        fixed: the planner cannot change it (the scan carry, kept by remat itself).
+    """
+
+    name: str
+    bytes: int
+    flops: float
+    preds: tuple[str, ...]
+    direct: bool
+    fixed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Everything the planner's cost model reads about a model at one batch shape.
+
+    Byte figures are per step; ``names`` are per layer.
+    """
+
+    model: str
+    model_config: dict
+    batch: int
+    seq: int
+    num_layers: int
+    names: tuple[NameProfile, ...]
+    base_flops: float  # whole train step, every name kept (no recompute of names)
+    layer_flops: float  # forward + backward of one block, every name kept
+    fixed_residual_bytes: int  # stacked values kept whatever the plan (carry, layer params)
+    workspace_bytes: int  # device temporaries besides the stacked residuals, nothing recomputed
+    workspace_range: tuple[int, int]  # (every name kept, every name recomputed)
+    param_bytes: int
+    grad_bytes: int
+    opt_bytes: int
+    layer_param_bytes: int  # one block's parameters (a streaming buffer)
+    input_bytes: int
+    recompute_workspace: float = 0.0  # extra workspace per byte of one layer's recomputed names
+
+    def name(self, n: str) -> NameProfile:
+        return {p.name: p for p in self.names}[n]
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["names"] = [dataclasses.asdict(n) for n in self.names]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Profile:
+        d = dict(d)
+        d["names"] = tuple(
+            NameProfile(**{**n, "preds": tuple(n["preds"])}) for n in d["names"]
+        )
+        d["workspace_range"] = tuple(d["workspace_range"])
+        return cls(**d)
+
+
+def config_fingerprint(model_cfg) -> dict:
+    """The fields of a ``GPTConfig`` that fix its shapes and dtypes (not its policy)."""
+    d = dataclasses.asdict(model_cfg)
+    for key in ("policy", "remat_every", "scan_unroll"):
+        d.pop(key, None)
+    return d
+
+
+def _optimizer():
+    from ..compare._measure import optimizer
+
+    return optimizer()
+
+
+def _tokens(batch: int, seq: int):
+    return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+
+def _grad_jaxpr(model_cfg, batch: int, seq: int):
+    from ..train._step import abstract_state, make_loss_fn
+
+    graphdef, state = abstract_state(model_cfg, _optimizer())
+    tok = _tokens(batch, seq)
+    return jax.make_jaxpr(jax.value_and_grad(make_loss_fn(graphdef)))(state.params, tok, tok)
+
+
+def _step_jaxpr(model_cfg, batch: int, seq: int):
+    from ..train._step import abstract_state, make_train_step
+
+    tx = _optimizer()
+    graphdef, state = abstract_state(model_cfg, tx)
+    tok = _tokens(batch, seq)
+    return jax.make_jaxpr(make_train_step(graphdef, tx))(state, tok, tok)
+
+
+def names_policy(actions: dict[str, str]):
+    """A :class:`jaxoff.policy.Policy` from ``{name: action}`` (unlisted names remat)."""
+    from ..policy import Policy
+
+    return Policy.from_mapping({"*": "remat", **actions})
+
+
+def with_policy(model_cfg, actions: dict[str, str]):
+    from ..policy import apply_policy
+
+    return apply_policy(model_cfg, names_policy(actions))
+
+
+def _tree_bytes(tree) -> int:
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def profile(
+    model_cfg,
+    batch: int,
+    seq: int,
+    *,
+    model: str = "custom",
+    calibrate: bool = True,
+) -> Profile:
+    """Profiles ``model_cfg`` (a ``models.gpt.GPTConfig``) at ``batch x seq`` tokens.
+
+    Traces the step ``2 + len(names)`` times (fast: no compile) and, with
+    ``calibrate``, compiles the scanned step twice for the workspace figure.
+
+    Example:
+        >>> from models.gpt import CONFIGS
+        >>> from jaxoff.plan import profile
+        >>> p = profile(CONFIGS["tiny"], 2, 16, model="tiny", calibrate=False)
+        >>> p.name("mlp_up").bytes  # [2, 16, 512] float32
+        65536
+    """
+    from ..train._step import abstract_state
+
+    model_cfg = dataclasses.replace(model_cfg, policy=None, remat_every=1, scan_unroll=1)
+    L = model_cfg.num_layers
+    from models.gpt import RESIDUAL_NAMES
+
+    # 1. the block's named values, their cones and FLOPs (forward, no remat)
+    from ..train._step import make_loss_fn
+
+    graphdef, state = abstract_state(model_cfg, _optimizer())
+    tok = _tokens(batch, seq)
+    fwd = jax.make_jaxpr(make_loss_fn(graphdef))(state.params, tok, tok)
+    body = find_scans(fwd, L)[0].params["jaxpr"]
+    values = {v.name: v for v in block_values(body, CARRY)}
+    missing = [n for n in RESIDUAL_NAMES if n not in values]
+    if missing:
+        raise ValueError(f"the traced block does not tag {missing}")
+
+    # 2. residuals handed to the backward pass: all kept, none kept, each one dropped
+    keep_all = dict.fromkeys(RESIDUAL_NAMES, "device")
+    r_all = residual_bytes(_grad_jaxpr(with_policy(model_cfg, keep_all), batch, seq), L)
+    r_none = residual_bytes(_grad_jaxpr(with_policy(model_cfg, {}), batch, seq), L)
+    names = []
+    for n in RESIDUAL_NAMES:
+        v = values[n]
+        if n == CARRY:
+            names.append(NameProfile(n, v.bytes, 0.0, (), True, fixed=True))
+            continue
+        dropped = residual_bytes(
+            _grad_jaxpr(with_policy(model_cfg, {**keep_all, n: "remat"}), batch, seq), L
+        )
+        direct = r_all - dropped > 0
+        names.append(
+            NameProfile(
+                n,
+                (r_all - dropped) // L if direct else v.bytes,
+                v.flops,
+                tuple(p for p in v.preds if p in values),
+                direct,
+            )
+        )
+
+    # 3. FLOPs: the whole step with every name kept; one block's forward
+    base_flops = jaxpr_flops(_step_jaxpr(with_policy(model_cfg, keep_all), batch, seq))
+    fwd_layer = sum(v.flops for v in values.values())
+    layer_flops = 3.0 * fwd_layer  # forward + backward (2x) of one block, no recompute
+
+    _, abstract = abstract_state(model_cfg, _optimizer())
+    param_bytes = _tree_bytes(abstract.params)
+    opt_bytes = _tree_bytes(abstract.opt_state)
+    layer_param_bytes = sum(
+        math.prod(x.shape[1:]) * x.dtype.itemsize
+        for x in jax.tree.leaves(abstract.params)
+        if x.shape and x.shape[0] == L
+    )
+    prof = Profile(
+        model=model,
+        model_config=config_fingerprint(model_cfg),
+        batch=batch,
+        seq=seq,
+        num_layers=L,
+        names=tuple(names),
+        base_flops=base_flops,
+        layer_flops=layer_flops,
+        fixed_residual_bytes=r_none,
+        workspace_bytes=0,
+        workspace_range=(0, 0),
+        param_bytes=param_bytes,
+        grad_bytes=param_bytes,
+        opt_bytes=opt_bytes,
+        layer_param_bytes=layer_param_bytes,
+        input_bytes=2 * batch * seq * 4,
+    )
+    if calibrate:
+        prof = calibrate_workspace(prof, model_cfg)
+    return prof
+
+
+def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
+    """Sets the workspace from two compiles of the scanned step (all kept, all
+    recomputed): ``temp_size - stacked residuals``. Between the two, the workspace grows
+    with the bytes of one layer's recomputed names (they are live in that layer's
+    backward): ``recompute_workspace`` is that slope (clamped at 0)."""
+    from models.gpt import RESIDUAL_NAMES
+
+    from ..compare._measure import compile_step
+    from ._cost import Plan, needed_and_recomputed, residual_split
+
+    found = []
+    for action in ("device", "remat"):
+        actions = dict.fromkeys(RESIDUAL_NAMES, action)
+        compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
+        temp = int(compiled.memory_analysis().temp_size_in_bytes)
+        dev, host = residual_split(prof, Plan.from_actions(prof, actions))
+        found.append(temp - dev - host)
+    everything = Plan.from_actions(prof, dict.fromkeys(RESIDUAL_NAMES, "remat"))
+    _, recomputed = needed_and_recomputed(prof, everything)
+    per_layer = sum(prof.name(n).bytes for n in recomputed)
+    alpha = max(0.0, (found[1] - found[0]) / per_layer) if per_layer else 0.0
+    return dataclasses.replace(
+        prof,
+        workspace_bytes=found[0],
+        workspace_range=(found[0], found[1]),
+        recompute_workspace=alpha,
+    )
+
+
+def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> int:
+    """``compiled.memory_analysis().temp_size_in_bytes`` of the scanned step with a plan."""
+    from ..compare._measure import compile_step
+
+    compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def traced_residual_bytes(model_cfg, batch: int, seq: int, actions: dict[str, str]) -> int:
+    """Stacked residual bytes of the traced step under a plan (for validation)."""
+    cfg = dataclasses.replace(model_cfg, policy=None, remat_every=1, scan_unroll=1)
+    return residual_bytes(_grad_jaxpr(with_policy(cfg, actions), batch, seq), cfg.num_layers)
