@@ -2,7 +2,11 @@
 
 Prints the compute-only, I/O-only and pipelined times (medians of --reps), the ratio
 pipelined / max(compute, io) (1.0 = perfect overlap) and the fraction of the I/O hidden:
-(compute + io - pipelined) / min(compute, io). All three are measured in the same run.
+(compute + io - pipelined) / min(compute, io). All are measured in the same run, for two
+pipelines: `page_in` (an async FFI call XLA must schedule around) and `prefetch`
+(split-phase: the body starts the read of chunk i+1 with `page_prefetch`, then `page_take`s
+chunk i, prefetched one iteration earlier, and computes on it: the engine's threads do the I/O
+whatever XLA's executor does).
 
     python bench/overlap.py                       # 8 chunks of 32 MiB, O_DIRECT, auto backend
     python bench/overlap.py --chunk-mib 64 --matmuls 4 --backend posix
@@ -13,7 +17,7 @@ once). Beware: with jaxlib 0.10.2's default YNN fusion the whole `--matmuls` cha
 thunk, so this body has 7 thunks and runs sequentially (see it with TF_CPP_MIN_LOG_LEVEL=0
 TF_CPP_VMODULE=thunk_executor=2: "7 thunks ... is_sequential=true"). XLA_FLAGS=
 --xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT gives 28 thunks,
-is_sequential=false.
+is_sequential=false. The prefetch pipeline does not depend on either.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from jaxoff.aio._ffi_calls import (
     encode_offsets,
     new_token,
     page_in,
+    page_prefetch,
+    page_take,
     register_file_table,
     unregister_file_table,
 )
@@ -89,7 +95,8 @@ def main(argv=None):
     cfg = EngineConfig(
         block_size=a.block_mib << 20,
         queue_depth=a.queue_depth,
-        pool_bytes=(a.block_mib << 20) * a.queue_depth,
+        # Also the split-phase staging: two prefetched chunks at the take (i and i+1).
+        pool_bytes=max((a.block_mib << 20) * a.queue_depth, 2 * chunk_bytes),
         o_direct=not a.no_direct,
         backend=a.backend,
     )
@@ -136,18 +143,61 @@ def main(argv=None):
         (x_last, _), ys = jax.lax.scan(body, (x0, tok), (crcs[1:], offs[1:]))
         return jnp.concatenate([ys, compute(x_last)[None]])
 
+    def prefetch(off, crc, tok):
+        return page_prefetch(
+            table, 0, off, crc, tok, shape=shape, dtype=jnp.float32, verify=not a.no_verify
+        )
+
+    def take(ticket, tok):
+        return page_take(table, ticket, tok, shape=shape, dtype=jnp.float32)
+
+    @jax.jit
+    def prefetched(crcs, offs):
+        def body(ticket, xs):  # ticket: chunk i, prefetched one iteration earlier
+            # Chunk i+1 starts now; the engine's threads read it while chunk i is computed on.
+            ticket_next = prefetch(xs[1], xs[0], ticket)
+            # The new ticket is take's token: a data dependency, so XLA's schedule (whatever
+            # its executor) is prefetch(i+1) -> take(i) -> compute(i).
+            x, _ = take(ticket, ticket_next)
+            return ticket_next, compute(x)
+
+        first = prefetch(offs[0], crcs[0], new_token())
+        last, ys = jax.lax.scan(body, first, (crcs[1:], offs[1:]))
+        return jnp.concatenate([ys, compute(take(last, new_token())[0])[None]])
+
+    @jax.jit
+    def io_only_prefetch(crcs, offs):  # the same reads and copies, no compute
+        def body(ticket, xs):
+            ticket_next = prefetch(xs[1], xs[0], ticket)
+            x, _ = take(ticket, ticket_next)
+            return ticket_next, x[0, 0]
+
+        first = prefetch(offs[0], crcs[0], new_token())
+        last, ys = jax.lax.scan(body, first, (crcs[1:], offs[1:]))
+        return jnp.concatenate([ys, take(last, new_token())[0][0, :1]])
+
     xs = jnp.asarray(data)
     ref = np.asarray(compute_only(xs))
-    got = np.asarray(pipelined(crcs, offs))
-    np.testing.assert_array_equal(got, ref)  # same bytes in, same numbers out
+    np.testing.assert_array_equal(np.asarray(pipelined(crcs, offs)), ref)  # same bytes in,
+    np.testing.assert_array_equal(np.asarray(prefetched(crcs, offs)), ref)  # same numbers out
 
-    (t_c, t_io, t_p), (c_c, c_io, c_p) = timed(
-        [lambda: compute_only(xs), lambda: io_only(crcs, offs), lambda: pipelined(crcs, offs)],
+    (t_c, t_io, t_iof, t_p, t_f), (c_c, c_io, c_iof, c_p, c_f) = timed(
+        [
+            lambda: compute_only(xs),
+            lambda: io_only(crcs, offs),
+            lambda: io_only_prefetch(crcs, offs),
+            lambda: pipelined(crcs, offs),
+            lambda: prefetched(crcs, offs),
+        ],
         a.reps,
     )
     unregister_file_table(table)
     total = a.chunks * chunk_bytes
-    hidden = (t_c + t_io - t_p) / min(t_c, t_io)
+    def hidden_of(t, io):
+        return (t_c + io - t) / min(t_c, io)
+
+    # Each pipeline against the I/O-only time of its own calls.
+    hidden, hidden_f = hidden_of(t_p, t_io), hidden_of(t_f, t_iof)
     print(
         f"backend={eng.backend} o_direct={cfg.o_direct} chunks={a.chunks} x "
         f"{chunk_bytes / 2**20:.0f} MiB, {a.matmuls} matmuls of width {a.width}, "
@@ -156,18 +206,22 @@ def main(argv=None):
     )
     print(f"  compute only : {t_c * 1e3:8.1f} ms   (CPU {c_c * 1e3:7.1f} ms)")
     print(f"  I/O only     : {t_io * 1e3:8.1f} ms   (CPU {c_io * 1e3:7.1f} ms)  "
-          f"({total / t_io / 1e9:.2f} GB/s)")
-    print(f"  sequential   : {(t_c + t_io) * 1e3:8.1f} ms   (compute + I/O)")
-    print(f"  pipelined    : {t_p * 1e3:8.1f} ms   (CPU {c_p * 1e3:7.1f} ms)")
-    print(f"  pipelined / max(compute, io) = {t_p / max(t_c, t_io):.3f}")
-    print(
-        f"  I/O hidden   : {100 * hidden:.0f}%  "
-        f"({'compute > io' if t_c > t_io else 'io > compute: hides compute instead'})"
-    )
+          f"({total / t_io / 1e9:.2f} GB/s)  page_in")
+    print(f"  I/O only     : {t_iof * 1e3:8.1f} ms   (CPU {c_iof * 1e3:7.1f} ms)  "
+          f"({total / t_iof / 1e9:.2f} GB/s)  prefetch/take")
+    print(f"  sequential   : {(t_c + t_io) * 1e3:8.1f} ms   (compute + I/O, page_in)")
+    print(f"  sequential   : {(t_c + t_iof) * 1e3:8.1f} ms   (compute + I/O, prefetch/take)")
+    print(f"  pipelined    : {t_p * 1e3:8.1f} ms   (CPU {c_p * 1e3:7.1f} ms)  page_in in the body")
+    print(f"  prefetched   : {t_f * 1e3:8.1f} ms   (CPU {c_f * 1e3:7.1f} ms)  prefetch/take")
+    for label, t, io, h in (("page_in ", t_p, t_io, hidden), ("prefetch", t_f, t_iof, hidden_f)):
+        which = "compute > io" if t_c > io else "io > compute: hides compute instead"
+        print(f"  {label}: pipelined / max(compute, io) = {t / max(t_c, io):.3f}   "
+              f"hidden {100 * h:3.0f}%  ({which})")
     if not a.dir:
         os.remove(path)
         os.rmdir(root)
-    return dict(compute=t_c, io=t_io, pipelined=t_p, hidden=hidden)
+    return dict(compute=t_c, io=t_io, pipelined=t_p, hidden=hidden, io_prefetch=t_iof,
+                prefetched=t_f, hidden_prefetch=hidden_f)
 
 
 if __name__ == "__main__":

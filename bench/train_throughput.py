@@ -79,6 +79,7 @@ def main(args: Args) -> None:
         steps=args.steps,
         eval_every=0,
         ckpt_every=0,
+        store="none",  # optimizer in RAM: this measures the framework, not the paging
         progress=True,
     ).validate()
     tokens = args.batch_size * args.seq_len

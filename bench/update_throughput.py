@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxoff.aio import EngineConfig
 from jaxoff.optim import paged, update_and_apply
 
 
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--params", type=int, default=50_000_000)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--chunk-mib", type=int, default=16)
+    ap.add_argument("--no-split", action="store_true",
+                    help="page_in/page_out pipeline (staging too small for split-phase paging)")
     a = ap.parse_args()
     n = a.params // 4
     params = {f"w{i}": jnp.full((n,), 0.1 * (i + 1), jnp.float32) for i in range(4)}
@@ -48,7 +51,8 @@ def main():
     t_plain = timed(plain, (params, ref.init(params)), a.steps)
     root = tempfile.mkdtemp(dir="/tmp")
     try:
-        tx = paged(optax.adamw(1e-3), root + "/s", chunk_bytes=a.chunk_mib << 20)
+        engine = EngineConfig(pool_bytes=64 << 20) if a.no_split else None
+        tx = paged(optax.adamw(1e-3), root + "/s", chunk_bytes=a.chunk_mib << 20, engine=engine)
         state = tx.init(params)
         step = jax.jit(lambda p, s: update_and_apply(tx, grads, s, p))
         t_paged = timed(step, (params, state), a.steps)

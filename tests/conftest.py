@@ -23,5 +23,6 @@ def tiny_train_args(tmp_path):
         eval_every=0,
         ckpt_every=0,
         progress=False,
+        store="none",
         out_dir=tmp_path / "run",
     )

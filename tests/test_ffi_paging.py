@@ -1,4 +1,5 @@
-"""jaxoff_page_in / jaxoff_page_out inside jit and lax.scan, for both engine backends."""
+"""jaxoff_page_in / page_out / page_prefetch / page_take / page_flush inside jit and lax.scan,
+for both engine backends."""
 
 import os
 import subprocess
@@ -15,11 +16,17 @@ import pytest
 from jaxoff import _ffi
 from jaxoff.aio._engine import EngineConfig
 from jaxoff.aio._ffi_calls import (
+    drain_prefetches,
     encode_offsets,
     file_table_backend,
+    file_table_stats,
+    flush_file_table,
     new_token,
+    page_flush,
     page_in,
     page_out,
+    page_prefetch,
+    page_take,
     register_file_table,
     unregister_file_table,
 )
@@ -265,3 +272,196 @@ def test_backend_env_var_selects_backend(tmp_path, backend):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [backend, "True"]
+
+
+# ---- split phase: page_prefetch / page_take, write-behind page_out, page_flush -------------
+
+def assert_no_staging_held(name):
+    s = file_table_stats(name)
+    assert (s["tickets"], s["reads_in_flight"], s["writes_in_flight"], s["staging_in_use"]) == (
+        0, 0, 0, 0), s
+    assert s["staging_allocated"] <= s["budget"]
+
+
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((1,), np.float32), ((4097,), np.int8), ((77, 13), ml_dtypes.bfloat16), ((100003,), np.int32)],
+    ids=str,
+)
+def test_prefetch_take_roundtrip_in_jit_is_bitwise(table, shape, dtype):
+    name, paths = table
+    x = random_array(shape, dtype, 2)
+
+    @jax.jit
+    def roundtrip(x, offset):
+        crc, tok = page_out(name, 2, offset, x, new_token(), write_behind=True)
+        ticket = page_prefetch(name, 2, offset, crc, tok, shape=x.shape, dtype=x.dtype)
+        y, tok = page_take(name, ticket, tok, shape=x.shape, dtype=x.dtype)
+        return y, crc, page_flush(name, tok)
+
+    y, crc, _ = jax.block_until_ready(roundtrip(x, encode_offsets(4096)))
+    assert np.asarray(y).tobytes() == x.tobytes()
+    assert int(crc) == crc32c_pkg.crc32c(x.tobytes())
+    with open(paths[2], "rb") as f:  # after the flush, other readers see the write
+        f.seek(4096)
+        assert f.read(x.nbytes) == x.tobytes()
+    assert_no_staging_held(name)
+
+
+def test_prefetch_in_scan_with_ticket_in_carry_and_several_outstanding(table):
+    name, _ = table
+    n, size = 9, 3001  # odd chunk: 4 KiB slots, unaligned tails
+    data = random_array((n, size), np.float32, 3)
+    slot = 16384
+    offs = encode_offsets([i * slot for i in range(n)])
+
+    @jax.jit
+    def write_all(data):
+        def body(tok, xs):
+            x, off = xs
+            crc, tok = page_out(name, 0, off, x, tok, write_behind=True)
+            return tok, crc
+
+        tok, crcs = jax.lax.scan(body, new_token(), (data, offs))
+        return crcs, page_flush(name, tok, fsync=True)
+
+    crcs, _ = jax.block_until_ready(write_all(data))
+
+    @jax.jit
+    def read_all(crcs):
+        def take(t, tok):
+            return page_take(name, t, tok, shape=(size,), dtype=jnp.float32)
+
+        # Three tickets outstanding at once: the prologue prefetches chunks 0 and 1.
+        t0 = page_prefetch(name, 0, offs[0], crcs[0], new_token(), shape=(size,),
+                           dtype=jnp.float32)
+        t1 = page_prefetch(name, 0, offs[1], crcs[1], t0, shape=(size,), dtype=jnp.float32)
+
+        def body(carry, xs):
+            ta, tb = carry
+            tc = page_prefetch(name, 0, xs[1], xs[0], tb, shape=(size,), dtype=jnp.float32)
+            x, _ = take(ta, tc)  # the new ticket is take's token: prefetch, then take
+            return (tb, tc), x
+
+        (ta, tb), ys = jax.lax.scan(body, (t0, t1), (crcs[2:], offs[2:]))
+        ya, tok = take(ta, new_token())
+        yb, _ = take(tb, tok)
+        return jnp.concatenate([ys, ya[None], yb[None]])
+
+    got = read_all(crcs)
+    assert np.asarray(got).tobytes() == data.tobytes()
+    assert_no_staging_held(name)
+
+
+def test_take_detects_checksum_mismatch(table):
+    name, paths = table
+    x = random_array((5000,), np.uint8, 4)
+    with open(paths[0], "wb") as f:
+        f.write(x.tobytes())
+    bad = np.uint32(crc32c_pkg.crc32c(x.tobytes()) ^ 1)
+
+    @jax.jit
+    def read(crc):
+        t = page_prefetch(name, 0, 0, crc, new_token(), shape=x.shape, dtype=x.dtype)
+        return page_take(name, t, new_token(), shape=x.shape, dtype=x.dtype)[0]
+
+    with pytest.raises(Exception, match=r"(?s)DATA_LOSS.*checksum mismatch.*f0\.page.*offset 0"):
+        jax.block_until_ready(read(bad))
+    assert_no_staging_held(name)
+    assert np.asarray(read(np.uint32(crc32c_pkg.crc32c(x.tobytes())))).tobytes() == x.tobytes()
+
+
+def test_read_error_is_reported_at_take_with_path_and_offset(table):
+    name, paths = table
+
+    @jax.jit
+    def read():
+        t = page_prefetch(name, 1, 1 << 30, 0, new_token(), shape=(1024,), dtype=jnp.float32,
+                          verify=False)
+        return page_take(name, t, new_token(), shape=(1024,), dtype=jnp.float32)[0]
+
+    with pytest.raises(Exception, match=r"(?s)jaxoff_page_take.*f1\.page.*1073741824"):
+        jax.block_until_ready(read())
+    assert_no_staging_held(name)
+
+
+def test_pool_exhaustion_names_pool_bytes_and_drain_reclaims(table):
+    name, paths = table  # pool_bytes = 2 MiB
+    with open(paths[0], "wb") as f:
+        f.write(bytes(4 << 20))
+    n = (1536 << 10) // 4
+
+    @jax.jit
+    def leak():  # a ticket nobody takes
+        return page_prefetch(name, 0, 0, 0, new_token(), shape=(n,), dtype=jnp.float32,
+                             verify=False)
+
+    jax.block_until_ready(leak())
+    assert file_table_stats(name)["tickets"] == 1
+    with pytest.raises(Exception, match=r"(?s)RESOURCE_EXHAUSTED.*pool_bytes = 2097152.*"
+                                         r"1 prefetched chunks not yet taken.*drain_prefetches"):
+        jax.block_until_ready(leak())
+    assert drain_prefetches(name) == 1
+    assert_no_staging_held(name)
+    assert file_table_stats(name)["reclaimed"] == 1
+
+
+def test_write_behind_then_flush_then_read_sees_the_data(table):
+    name, paths = table
+    xs = [random_array((200_001,), np.float32, 10 + i) for i in range(4)]
+    slot = 1 << 20
+
+    @jax.jit
+    def write(xs):
+        tok = new_token()
+        crcs = []
+        for i, x in enumerate(xs):
+            crc, tok = page_out(name, 1, i * slot, x, tok, write_behind=True)
+            crcs.append(crc)
+        return crcs, page_flush(name, tok)
+
+    @jax.jit
+    def overwrite_then_read(x, y):
+        # Same slot twice, then a read, all write-behind and ordered by tokens only.
+        _, tok = page_out(name, 1, 0, x, new_token(), write_behind=True)
+        crc, tok = page_out(name, 1, 0, y, tok, write_behind=True)
+        t = page_prefetch(name, 1, 0, crc, tok, shape=y.shape, dtype=y.dtype)
+        z, tok = page_take(name, t, tok, shape=y.shape, dtype=y.dtype)
+        w, tok = page_in(name, 1, 0, crc, tok, shape=y.shape, dtype=y.dtype)
+        return z, w, page_flush(name, tok)
+
+    crcs, _ = jax.block_until_ready(write(xs))
+    with open(paths[1], "rb") as f:
+        for i, x in enumerate(xs):
+            f.seek(i * slot)
+            assert f.read(x.nbytes) == x.tobytes()
+    assert [int(c) for c in crcs] == [crc32c_pkg.crc32c(x.tobytes()) for x in xs]
+    z, w, _ = jax.block_until_ready(overwrite_then_read(xs[2], xs[3]))
+    assert np.asarray(z).tobytes() == xs[3].tobytes() == np.asarray(w).tobytes()
+    flush_file_table(name)
+    assert_no_staging_held(name)
+
+
+def test_failed_write_behind_fails_the_flush(tmp_path):
+    import resource
+    import signal
+
+    name = f"wb_fail_{os.getpid()}"
+    path = tmp_path / "small.page"
+    register_file_table(name, [path], config=EngineConfig(pool_bytes=1 << 20, o_direct=False))
+
+    @jax.jit
+    def write(x):  # past RLIMIT_FSIZE: the write fails (EFBIG) after page_out returned
+        _, tok = page_out(name, 0, 4 << 20, x, new_token(), write_behind=True)
+        return page_flush(name, tok)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    try:
+        with pytest.raises(Exception, match=r"(?s)page_flush.*write-behind.*small\.page"):
+            jax.block_until_ready(write(jnp.ones((1000,), jnp.float32)))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+        unregister_file_table(name)

@@ -85,6 +85,12 @@ Extent File::Map(uint64_t offset, size_t max_len, bool aligned) const {
                 static_cast<size_t>(std::min<uint64_t>(room, max_len)), &paths_[k]};
 }
 
+void File::Sync() const {
+  for (const auto& f : buffered_) {
+    if (::fsync(f.fd()) != 0) throw JAXOFF_IO_ERROR("fsync", f.path(), 0, -1, errno);
+  }
+}
+
 uint64_t File::Size() const {
   uint64_t total = 0;
   for (const auto& f : buffered_) total += f.Size();

@@ -64,6 +64,8 @@ class File {
   bool has_direct() const { return !direct_.empty() && direct_.front().direct(); }
   // Logical size: sum over stripes (exact for files written through this class).
   uint64_t Size() const;
+  // fsync of every stripe (throws IoError naming the path and errno).
+  void Sync() const;
 
  private:
   std::vector<std::string> paths_;

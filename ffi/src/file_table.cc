@@ -27,13 +27,23 @@ void RegisterFileTable(const std::string& name, const std::vector<std::vector<st
     table->files.push_back(std::make_shared<aio::File>(paths, /*writable=*/true, /*create=*/true,
                                                        config.o_direct, stripe_bytes));
   }
+  table->staged = std::make_shared<aio::StagedIo>(table->engine, config.pool_bytes);
   std::lock_guard<std::mutex> lk(Mutex());
   Tables()[name] = std::move(table);
 }
 
 bool UnregisterFileTable(const std::string& name) {
-  std::lock_guard<std::mutex> lk(Mutex());
-  return Tables().erase(name) > 0;
+  std::shared_ptr<FileTable> table;
+  {
+    std::lock_guard<std::mutex> lk(Mutex());
+    auto it = Tables().find(name);
+    if (it == Tables().end()) return false;
+    table = std::move(it->second);
+    Tables().erase(it);
+  }
+  // Executables may keep the table alive: its untaken prefetch tickets go now, not with them.
+  table->staged->Drain();
+  return true;
 }
 
 std::shared_ptr<FileTable> FindFileTable(const std::string& name) {

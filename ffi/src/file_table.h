@@ -10,6 +10,7 @@
 
 #include "engine.h"
 #include "file_handle.h"
+#include "staged_io.h"
 
 namespace jaxoff::ffi_handlers {
 
@@ -17,13 +18,16 @@ struct FileTable {
   std::string name;
   std::shared_ptr<aio::Engine> engine;
   std::vector<std::shared_ptr<const aio::File>> files;
+  // Prefetch tickets and write-behind writes (budget: the engine's pool_bytes). Declared last:
+  // destroyed first, once its reads and writes are over.
+  std::shared_ptr<aio::StagedIo> staged;
 };
 
 // Opens (creating) every file; each entry of `files` is one logical file: one path, or the
 // stripes of a striped file. Replaces a table of the same name. Throws IoError / invalid_argument.
 void RegisterFileTable(const std::string& name, const std::vector<std::vector<std::string>>& files,
                        const aio::EngineConfig& config, uint64_t stripe_bytes);
-// False if no such table.
+// False if no such table. Drops the table's untaken prefetch tickets.
 bool UnregisterFileTable(const std::string& name);
 // nullptr if no such table.
 std::shared_ptr<FileTable> FindFileTable(const std::string& name);

@@ -31,6 +31,16 @@ NB_MODULE(_ffi, m) {
     page_out["execute"] = EncapsulateHandler(h::PageOutExecute);
     d["jaxoff_page_in"] = page_in;
     d["jaxoff_page_out"] = page_out;
+    nb::dict prefetch, take, flush;
+    prefetch["instantiate"] = EncapsulateHandler(h::PagePrefetchInstantiate);
+    prefetch["execute"] = EncapsulateHandler(h::PagePrefetchExecute);
+    take["instantiate"] = EncapsulateHandler(h::PageTakeInstantiate);
+    take["execute"] = EncapsulateHandler(h::PageTakeExecute);
+    flush["instantiate"] = EncapsulateHandler(h::PageFlushInstantiate);
+    flush["execute"] = EncapsulateHandler(h::PageFlushExecute);
+    d["jaxoff_page_prefetch"] = prefetch;
+    d["jaxoff_page_take"] = take;
+    d["jaxoff_page_flush"] = flush;
     return d;
   }, "Every XLA FFI target of jaxoff, name -> PyCapsule or {stage: PyCapsule} (platform cpu).");
   m.def("state_types", []() {

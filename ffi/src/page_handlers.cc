@@ -1,7 +1,12 @@
 #include "page_handlers.h"
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <exception>
 #include <memory>
 #include <sstream>
@@ -9,6 +14,7 @@
 #include <string_view>
 
 #include "aligned_buffer.h"
+#include "backend.h"
 #include "file_table.h"
 
 namespace ffi = xla::ffi;
@@ -24,6 +30,53 @@ ffi::TypeId PageState::id = {};
 namespace {
 
 const ffi::TypeInfo kPageStateTypeInfo = ffi::MakeTypeInfo<PageState>();
+
+// Completes futures off the engine's threads. XLA runs the rest of the program on the thread
+// that completes a future: were that an engine thread, compute would stall the I/O, and a
+// jaxoff_page_take (or flush) waiting there for a read would wait for itself.
+class Notifier {
+ public:
+  static Notifier& Get() {
+    static auto* n = new Notifier();  // leaked on purpose: no destruction-order race at exit
+    return *n;
+  }
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  Notifier() {
+    std::thread([this] {
+      aio::NameThisThread("jaxoff-notify");
+      for (;;) {
+        std::function<void()> fn;
+        {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [this] { return !queue_.empty(); });
+          fn = std::move(queue_.front());
+          queue_.pop_front();
+        }
+        fn();
+      }
+    }).detach();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
+void Complete(ffi::Promise promise) {
+  Notifier::Get().Post([promise]() mutable { promise.SetAvailable(); });
+}
+void Fail(ffi::Promise promise, ffi::Error error) {
+  Notifier::Get().Post([promise, error = std::move(error)]() mutable {
+    promise.SetError(std::move(error));
+  });
+}
 
 ffi::Future ReadyError(ffi::ErrorCode code, std::string message) {
   ffi::Promise promise;
@@ -121,6 +174,8 @@ ffi::Future PageIn(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offs
     std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
     void* dst = out->untyped_data();
     const size_t size = out->size_bytes();
+    // Read-after-write: a write-behind write of these bytes ordered before us must land first.
+    state->table->staged->WaitForOverlaps(file.get(), static_cast<uint64_t>(off), size, false);
     // XLA hands us a freshly allocated output each run: huge pages make its first touch cheap.
     aio::AdviseHugePages(dst, size);
     ffi::Promise promise;
@@ -133,11 +188,11 @@ ffi::Future PageIn(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offs
         file, static_cast<uint64_t>(off), dst, size,
         [promise, file, off, size, verify, expected](const aio::IoStatus& s) mutable {
           if (!s.ok()) {
-            promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, "jaxoff_page_in: " + s.message));
+            Fail(promise, ffi::Error(ffi::ErrorCode::kInternal, "jaxoff_page_in: " + s.message));
             return;
           }
           if (verify && s.crc32c != static_cast<uint32_t>(expected)) {
-            promise.SetError(ffi::Error(
+            Fail(promise, ffi::Error(
                 ffi::ErrorCode::kDataLoss,
                 "jaxoff_page_in: checksum mismatch in " + file->path() + " at offset " +
                     std::to_string(off) + " (" + std::to_string(size) +
@@ -148,7 +203,7 @@ ffi::Future PageIn(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offs
                     "over"));
             return;
           }
-          promise.SetAvailable();
+          Complete(promise);
         },
         options);
     return future;
@@ -160,7 +215,7 @@ ffi::Future PageIn(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offs
 ffi::Future PageOut(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offset,
                     ffi::AnyBuffer x, ffi::AnyBuffer /*token*/,
                     ffi::Result<ffi::AnyBuffer> crc_out, ffi::Result<ffi::AnyBuffer> out_token,
-                    std::string_view /*table*/) {
+                    std::string_view /*table*/, bool write_behind) {
   try {
     std::shared_ptr<const aio::File> file;
     int64_t off = 0;
@@ -174,6 +229,17 @@ ffi::Future PageOut(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer off
     const size_t size = x.size_bytes();
     auto* crc = static_cast<uint32_t*>(crc_out->untyped_data());
     std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
+    aio::StagedIo& staged = *state->table->staged;
+    if (write_behind && staged.WriteBehind(file, static_cast<uint64_t>(off), src, size, crc)) {
+      // The bytes (and their crc32c, taken during the copy) are in staging: XLA may reuse x
+      // while the disk write proceeds; jaxoff_page_flush waits for it and reports its errors.
+      ffi::Promise promise;
+      ffi::Future future(promise);
+      promise.SetAvailable();
+      return future;
+    }
+    // Synchronous path (or staging is short): keep the order with staged reads and writes.
+    staged.WaitForOverlaps(file.get(), static_cast<uint64_t>(off), size, true);
     ffi::Promise promise;
     ffi::Future future(promise);
     // The crc32c comes from the engine's workers, folded into the staging copy of each block:
@@ -185,9 +251,9 @@ ffi::Future PageOut(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer off
         [promise, crc](const aio::IoStatus& s) mutable {
           if (s.ok()) {
             *crc = s.crc32c;  // XLA reads results only once the future is available
-            promise.SetAvailable();
+            Complete(promise);
           } else {
-            promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, "jaxoff_page_out: " + s.message));
+            Fail(promise, ffi::Error(ffi::ErrorCode::kInternal, "jaxoff_page_out: " + s.message));
           }
         },
         options);
@@ -200,8 +266,105 @@ ffi::Future PageOut(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer off
 ffi::ErrorOr<std::unique_ptr<PageState>> PageInInstantiateImpl(std::string_view table, bool) {
   return Instantiate("jaxoff_page_in", table);
 }
-ffi::ErrorOr<std::unique_ptr<PageState>> PageOutInstantiateImpl(std::string_view table) {
+ffi::ErrorOr<std::unique_ptr<PageState>> PageOutInstantiateImpl(std::string_view table, bool) {
   return Instantiate("jaxoff_page_out", table);
+}
+
+// Split phase, first half: starts the read into staging and returns its ticket at once.
+ffi::Error PagePrefetch(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer offset,
+                        ffi::AnyBuffer expected_crc, ffi::AnyBuffer /*token*/,
+                        ffi::Result<ffi::AnyBuffer> ticket_out, std::string_view /*table*/,
+                        int64_t nbytes, bool verify) {
+  constexpr const char* kName = "jaxoff_page_prefetch";
+  try {
+    std::shared_ptr<const aio::File> file;
+    int64_t off = 0;
+    std::string err = Locate(kName, state, file_id, offset, &file, &off);
+    if (!err.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, err);
+    int64_t expected = 0;
+    if (verify && (!ReadInteger(expected_crc, &expected) ||
+                   expected_crc.element_type() != ffi::DataType::U32)) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string(kName) + ": expected_crc must be a uint32 scalar");
+    }
+    if (nbytes < 0) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string(kName) + ": nbytes must be non-negative");
+    }
+    if (ticket_out->element_type() != ffi::DataType::S32 || ticket_out->element_count() != 1) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string(kName) + ": the ticket result must be an int32 scalar");
+    }
+    int32_t ticket = 0;
+    aio::IoStatus s = state->table->staged->Prefetch(
+        file, static_cast<uint64_t>(off), static_cast<size_t>(nbytes), verify,
+        static_cast<uint32_t>(expected), &ticket);
+    if (!s.ok()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        std::string(kName) + " (table '" + state->table->name + "'): " + s.message);
+    }
+    *static_cast<int32_t*>(ticket_out->untyped_data()) = ticket;
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string(kName) + ": " + e.what());
+  }
+}
+
+// Split phase, second half: waits for the ticket's read, verifies it, copies it out.
+ffi::Error PageTake(PageState* state, ffi::AnyBuffer ticket, ffi::AnyBuffer /*token*/,
+                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> out_token,
+                    std::string_view /*table*/) {
+  constexpr const char* kName = "jaxoff_page_take";
+  try {
+    if (ticket.element_type() != ffi::DataType::S32 || ticket.element_count() != 1) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string(kName) + ": the ticket must be an int32 scalar from "
+                        "jaxoff_page_prefetch");
+    }
+    std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
+    void* dst = out->untyped_data();
+    const size_t size = out->size_bytes();
+    aio::AdviseHugePages(dst, size);
+    aio::IoStatus s = state->table->staged->Take(
+        *static_cast<const int32_t*>(ticket.untyped_data()), dst, size);
+    if (!s.ok()) {
+      const bool corrupt = s.message.find("checksum mismatch") != std::string::npos;
+      return ffi::Error(corrupt ? ffi::ErrorCode::kDataLoss : ffi::ErrorCode::kInternal,
+                        std::string(kName) + " (table '" + state->table->name + "'): " + s.message);
+    }
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string(kName) + ": " + e.what());
+  }
+}
+
+// Waits for the table's write-behind writes (fsync if asked): what a commit must follow.
+ffi::Error PageFlush(PageState* state, ffi::AnyBuffer /*token*/,
+                     ffi::Result<ffi::AnyBuffer> out_token, std::string_view /*table*/,
+                     bool fsync) {
+  try {
+    std::memset(out_token->untyped_data(), 0, out_token->size_bytes());
+    aio::IoStatus s = state->table->staged->Flush(fsync);
+    if (!s.ok()) {
+      return ffi::Error(ffi::ErrorCode::kInternal,
+                        "jaxoff_page_flush (table '" + state->table->name +
+                            "'): a write-behind write failed: " + s.message);
+    }
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jaxoff_page_flush: ") + e.what());
+  }
+}
+
+ffi::ErrorOr<std::unique_ptr<PageState>> PagePrefetchInstantiateImpl(std::string_view table,
+                                                                      int64_t, bool) {
+  return Instantiate("jaxoff_page_prefetch", table);
+}
+ffi::ErrorOr<std::unique_ptr<PageState>> PageTakeInstantiateImpl(std::string_view table) {
+  return Instantiate("jaxoff_page_take", table);
+}
+ffi::ErrorOr<std::unique_ptr<PageState>> PageFlushInstantiateImpl(std::string_view table, bool) {
+  return Instantiate("jaxoff_page_flush", table);
 }
 
 }  // namespace
@@ -227,7 +390,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PageInExecute, PageIn,
                                   .Attr<bool>("verify"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PageOutInstantiate, PageOutInstantiateImpl,
-                              ffi::Ffi::BindInstantiate().Attr<std::string_view>("table"));
+                              ffi::Ffi::BindInstantiate()
+                                  .Attr<std::string_view>("table")
+                                  .Attr<bool>("write_behind"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PageOutExecute, PageOut,
                               ffi::Ffi::Bind()
@@ -238,6 +403,50 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PageOutExecute, PageOut,
                                   .Arg<ffi::AnyBuffer>()  // token
                                   .Ret<ffi::AnyBuffer>()  // crc32c (uint32 scalar)
                                   .Ret<ffi::AnyBuffer>()  // token
+                                  .Attr<std::string_view>("table")
+                                  .Attr<bool>("write_behind"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagePrefetchInstantiate, PagePrefetchInstantiateImpl,
+                              ffi::Ffi::BindInstantiate()
+                                  .Attr<std::string_view>("table")
+                                  .Attr<int64_t>("nbytes")
+                                  .Attr<bool>("verify"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagePrefetchExecute, PagePrefetch,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<PageState>>()
+                                  .Arg<ffi::AnyBuffer>()  // file_id
+                                  .Arg<ffi::AnyBuffer>()  // offset
+                                  .Arg<ffi::AnyBuffer>()  // expected_crc
+                                  .Arg<ffi::AnyBuffer>()  // token
+                                  .Ret<ffi::AnyBuffer>()  // ticket (int32 scalar)
+                                  .Attr<std::string_view>("table")
+                                  .Attr<int64_t>("nbytes")
+                                  .Attr<bool>("verify"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageTakeInstantiate, PageTakeInstantiateImpl,
+                              ffi::Ffi::BindInstantiate().Attr<std::string_view>("table"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageTakeExecute, PageTake,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<PageState>>()
+                                  .Arg<ffi::AnyBuffer>()  // ticket
+                                  .Arg<ffi::AnyBuffer>()  // token
+                                  .Ret<ffi::AnyBuffer>()  // the tensor
+                                  .Ret<ffi::AnyBuffer>()  // token
                                   .Attr<std::string_view>("table"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageFlushInstantiate, PageFlushInstantiateImpl,
+                              ffi::Ffi::BindInstantiate()
+                                  .Attr<std::string_view>("table")
+                                  .Attr<bool>("fsync"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PageFlushExecute, PageFlush,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<PageState>>()
+                                  .Arg<ffi::AnyBuffer>()  // token
+                                  .Ret<ffi::AnyBuffer>()  // token
+                                  .Attr<std::string_view>("table")
+                                  .Attr<bool>("fsync"));
 
 }  // namespace jaxoff::ffi_handlers

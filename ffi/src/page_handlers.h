@@ -1,6 +1,7 @@
 #pragma once
-// XLA FFI targets jaxoff_page_in / jaxoff_page_out: asynchronous reads and writes of XLA
-// buffers through a registered file table (see file_table.h and jaxoff/aio/_ffi_calls.py).
+// XLA FFI targets jaxoff_page_in / jaxoff_page_out (asynchronous reads and writes of XLA
+// buffers; page_out optionally write-behind), jaxoff_page_prefetch / jaxoff_page_take (split-phase
+// reads through staging) and jaxoff_page_flush, through a registered file table (see file_table.h and jaxoff/aio/_ffi_calls.py).
 
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -19,5 +20,12 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(PageInInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(PageInExecute);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(PageOutInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(PageOutExecute);
+// Split-phase paging: jaxoff_page_prefetch / jaxoff_page_take, and jaxoff_page_flush.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(PagePrefetchInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(PagePrefetchExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(PageTakeInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(PageTakeExecute);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(PageFlushInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(PageFlushExecute);
 
 }  // namespace jaxoff::ffi_handlers

@@ -2,6 +2,7 @@
 
 #include <Python.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -187,6 +188,49 @@ void BindEngine(nb::module_& m) {
       "Opens (creating) the files of a table used by jaxoff_page_in/out; file_id indexes `files`.");
   m.def("unregister_file_table", &UnregisterFileTable, nb::arg("name"));
   m.def("file_tables", &FileTableNames);
+  m.def(
+      "file_table_stats",
+      [](const std::string& name) -> std::optional<std::map<std::string, uint64_t>> {
+        auto t = FindFileTable(name);
+        if (!t) return std::nullopt;
+        const aio::StagedIoStats s = t->staged->Stats();
+        return std::map<std::string, uint64_t>{
+            {"tickets", s.tickets},
+            {"reads_in_flight", s.reads_in_flight},
+            {"writes_in_flight", s.writes_in_flight},
+            {"staging_in_use", s.staging_in_use},
+            {"staging_allocated", s.staging_allocated},
+            {"budget", s.budget},
+            {"reclaimed", s.reclaimed},
+            {"takes", s.takes},
+            {"take_wait_ns", s.take_wait_ns},
+            {"take_copy_ns", s.take_copy_ns}};
+      },
+      nb::arg("name"), "Split-phase staging of a table (tickets, writes, bytes), or None.");
+  m.def(
+      "drain_prefetches",
+      [](const std::string& name) -> int64_t {
+        auto t = FindFileTable(name);
+        if (!t) return -1;
+        nb::gil_scoped_release release;
+        return static_cast<int64_t>(t->staged->Drain());
+      },
+      nb::arg("name"), "Drops the table's untaken prefetch tickets; returns how many (-1: no table).");
+  m.def(
+      "flush_file_table",
+      [](const std::string& name, bool fsync) {
+        auto t = FindFileTable(name);
+        if (!t) return false;
+        aio::IoStatus s;
+        {
+          nb::gil_scoped_release release;
+          s = t->staged->Flush(fsync);
+        }
+        if (!s.ok()) RaiseOsError(s.err, s.message);
+        return true;
+      },
+      nb::arg("name"), nb::arg("fsync") = false,
+      "Waits for the table's write-behind writes (raises OSError on a failed one).");
   m.def("file_table_backend", [](const std::string& name) -> std::optional<std::string> {
     auto t = FindFileTable(name);
     if (!t) return std::nullopt;

@@ -3,10 +3,16 @@
 from ._engine import Engine as Engine
 from ._engine import EngineConfig as EngineConfig
 from ._engine import crc32c as crc32c
+from ._ffi_calls import drain_prefetches as drain_prefetches
 from ._ffi_calls import encode_offsets as encode_offsets
+from ._ffi_calls import file_table_stats as file_table_stats
+from ._ffi_calls import flush_file_table as flush_file_table
 from ._ffi_calls import new_token as new_token
+from ._ffi_calls import page_flush as page_flush
 from ._ffi_calls import page_in as page_in
 from ._ffi_calls import page_out as page_out
+from ._ffi_calls import page_prefetch as page_prefetch
+from ._ffi_calls import page_take as page_take
 from ._ffi_calls import register_file_table as register_file_table
 from ._ffi_calls import register_targets as register_targets
 from ._ffi_calls import unregister_file_table as unregister_file_table
@@ -31,6 +37,12 @@ __all__ = [
     "new_token",
     "page_in",
     "page_out",
+    "page_prefetch",
+    "page_take",
+    "page_flush",
+    "drain_prefetches",
+    "file_table_stats",
+    "flush_file_table",
     "register_file_table",
     "register_targets",
     "unregister_file_table",

@@ -1,4 +1,5 @@
-"""Typed wrappers of the XLA FFI paging calls ``jaxoff_page_in`` / ``jaxoff_page_out``.
+"""Typed wrappers of the XLA FFI paging calls: ``page_in`` / ``page_out``, the split-phase
+``page_prefetch`` / ``page_take``, and ``page_flush``.
 
 A program pages through a *file table*: a named list of files registered once from Python
 (:func:`register_file_table`). Calls name the table (a compile-time attribute) and pass the
@@ -24,6 +25,16 @@ those from Python/numpy integers. With x64 on, an int64 scalar works too.
 ...     return y
 >>> bool((roundtrip(jnp.arange(5.0)) == jnp.arange(5.0)).all())
 True
+
+Overlap that does not depend on XLA's scheduling: XLA's CPU runtime runs a small program (or
+scan body) strictly in order and awaits each asynchronous call before the next, so an async
+``page_in`` only overlaps with compute when the body has more than 8 thunks. Split-phase
+paging hands the overlap to the engine's threads instead: :func:`page_prefetch` starts a read
+into the engine's staging and returns a *ticket* at once; :func:`page_take` (later, after the
+compute) waits for that read only, verifies and copies it out. Writes go the other way with
+``page_out(..., write_behind=True)``: it returns once the bytes are in staging and
+:func:`page_flush` waits for every such write (and reports their errors): a commit must depend
+on its token. Reads and writes of one table that overlap on disk keep their order.
 """
 
 from __future__ import annotations
@@ -42,6 +53,9 @@ from jaxoff.aio._engine import EngineConfig
 
 PAGE_IN = "jaxoff_page_in"
 PAGE_OUT = "jaxoff_page_out"
+PAGE_PREFETCH = "jaxoff_page_prefetch"
+PAGE_TAKE = "jaxoff_page_take"
+PAGE_FLUSH = "jaxoff_page_flush"
 
 _lock = threading.Lock()
 _registered = False
@@ -188,21 +202,167 @@ def page_in(
 
 
 def page_out(
-    table: str, file_id: Any, offset: Any, x: jax.Array, token: jax.Array
+    table: str,
+    file_id: Any,
+    offset: Any,
+    x: jax.Array,
+    token: jax.Array,
+    *,
+    write_behind: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Writes the bytes of ``x`` at ``offset`` of file ``file_id`` of ``table``.
 
     With O_DIRECT the tail is zero-padded to 4 KiB, so the slot at ``offset`` must reserve
     ``round_up(x.nbytes, 4096)`` bytes.
 
+    Args:
+      write_behind: return as soon as the bytes are copied into the table's staging (their
+        crc32c is taken during that copy) while the disk write proceeds on the engine's
+        threads. Later reads of the same bytes through this table (``page_in``,
+        ``page_prefetch``) wait for it; anything else (another process, a commit) must follow
+        :func:`page_flush`, which also reports a failed write. When the staging
+        (``EngineConfig.pool_bytes``) cannot take ``x``, the write is synchronous.
+
     Returns:
       ``(crc, token)``: the crc32c (uint32) of the bytes written, and a token that is ready
-      once the write is on its way to disk (the program's results wait for the write).
+      once the write is on its way to disk (with ``write_behind``: once it is in staging).
     """
     register_targets()
     crc, token = jax.ffi.ffi_call(
         PAGE_OUT,
         (jax.ShapeDtypeStruct((), jnp.uint32), _TOKEN),
         has_side_effect=True,
-    )(_file_id_operand(file_id), _offset_operand(offset), jnp.asarray(x), token, table=str(table))
+    )(
+        _file_id_operand(file_id),
+        _offset_operand(offset),
+        jnp.asarray(x),
+        token,
+        table=str(table),
+        write_behind=bool(write_behind),
+    )
     return crc, token
+
+
+_TICKET = jax.ShapeDtypeStruct((), jnp.int32)
+
+
+def _nbytes(shape: Sequence[int], dtype: Any) -> int:
+    return int(np.prod(tuple(shape), dtype=np.int64)) * jnp.dtype(dtype).itemsize
+
+
+def page_prefetch(
+    table: str,
+    file_id: Any,
+    offset: Any,
+    expected_crc: Any,
+    token: jax.Array,
+    *,
+    shape: Sequence[int],
+    dtype: Any,
+    verify: bool = True,
+) -> jax.Array:
+    """Starts reading a tensor of ``shape``/``dtype`` and returns its *ticket* at once.
+
+    The read goes into the table's staging (at most ``EngineConfig.pool_bytes`` for all
+    tickets not yet taken and write-behind writes not yet on disk) on the engine's threads,
+    which also take its crc32c; :func:`page_take` waits for it. Each ticket must be taken
+    exactly once; carry it through ``lax.scan`` like any int32 scalar. A read that fails (or
+    whose checksum differs from ``expected_crc``, with ``verify``) fails at take time.
+
+    Raises (when the program runs): ``RESOURCE_EXHAUSTED`` naming ``pool_bytes`` when the
+    staging is full of tickets not yet taken. Tickets a failed program left behind are dropped
+    by :func:`drain_prefetches`, by unregistering the table, or by a later prefetch that lacks
+    room once they are 30 s old.
+
+    >>> import jax, jax.numpy as jnp, tempfile, os
+    >>> register_file_table("pf_doc", [os.path.join(tempfile.mkdtemp(), "a.bin")])
+    >>> @jax.jit
+    ... def roundtrip(x):
+    ...     crc, tok = page_out("pf_doc", 0, 0, x, new_token(), write_behind=True)
+    ...     ticket = page_prefetch("pf_doc", 0, 0, crc, tok, shape=x.shape, dtype=x.dtype)
+    ...     # ... compute here: the read proceeds meanwhile ...
+    ...     y, tok = page_take("pf_doc", ticket, tok, shape=x.shape, dtype=x.dtype)
+    ...     return y, page_flush("pf_doc", tok)
+    >>> y, _ = roundtrip(jnp.arange(5.0))
+    >>> bool((y == jnp.arange(5.0)).all())
+    True
+
+    Returns:
+      the ticket (int32 scalar) for :func:`page_take`.
+    """
+    register_targets()
+    crc = jnp.asarray(expected_crc if verify else 0).astype(jnp.uint32)
+    return jax.ffi.ffi_call(PAGE_PREFETCH, _TICKET, has_side_effect=True)(
+        _file_id_operand(file_id),
+        _offset_operand(offset),
+        crc,
+        token,
+        table=str(table),
+        nbytes=np.int64(_nbytes(shape, dtype)),
+        verify=bool(verify),
+    )
+
+
+def page_take(
+    table: str, ticket: jax.Array, token: jax.Array, *, shape: Sequence[int], dtype: Any
+) -> tuple[jax.Array, jax.Array]:
+    """Waits for the read of ``ticket`` (from :func:`page_prefetch`) and returns its tensor.
+
+    ``shape``/``dtype`` must have the byte size given to the prefetch. Blocks only until that
+    read is done; verifies its checksum (``DATA_LOSS`` naming path, offset and both crcs on a
+    mismatch), copies it out of staging and releases the staging. The ticket is gone after
+    this call, whatever its outcome.
+
+    Returns:
+      ``(tensor, token)``.
+    """
+    register_targets()
+    ticket = jnp.asarray(ticket)
+    if ticket.shape != () or ticket.dtype != jnp.int32:
+        raise TypeError(f"ticket must be the int32 scalar page_prefetch returned, got "
+                        f"{ticket.dtype}{list(ticket.shape)}")
+    out, token = jax.ffi.ffi_call(
+        PAGE_TAKE,
+        (jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)), _TOKEN),
+        has_side_effect=True,
+    )(ticket, token, table=str(table))
+    return out, token
+
+
+def page_flush(table: str, token: jax.Array, *, fsync: bool = False) -> jax.Array:
+    """Waits for every write-behind write of ``table`` started before it (``fsync`` also
+    fsyncs the files they went to) and fails the program if one of them failed.
+
+    Returns:
+      a token; a commit (or any reader outside this table) must depend on it.
+    """
+    register_targets()
+    return jax.ffi.ffi_call(PAGE_FLUSH, _TOKEN, has_side_effect=True)(
+        token, table=str(table), fsync=bool(fsync)
+    )
+
+
+def drain_prefetches(table: str) -> int:
+    """Drops the prefetch tickets of ``table`` that were never taken (e.g. after a program
+    failed between prefetch and take); returns how many. Waits for their reads first."""
+    n = int(_ffi.drain_prefetches(table))
+    if n < 0:
+        raise KeyError(f"file table {table!r} is not registered")
+    return n
+
+
+def flush_file_table(table: str, *, fsync: bool = False) -> None:
+    """:func:`page_flush` from Python: waits for the table's write-behind writes.
+
+    Raises:
+      OSError: a write-behind write failed (path, offset, errno).
+    """
+    if not _ffi.flush_file_table(table, fsync):
+        raise KeyError(f"file table {table!r} is not registered")
+
+
+def file_table_stats(table: str) -> dict[str, int] | None:
+    """The split-phase staging of a table: ``tickets`` (prefetched, not taken),
+    ``reads_in_flight``, ``writes_in_flight`` (write-behind), ``staging_in_use`` /
+    ``staging_allocated`` / ``budget`` (bytes) and ``reclaimed`` tickets; None if no table."""
+    return _ffi.file_table_stats(table)

@@ -32,6 +32,9 @@ class CompareConfig:
             offloaded names are placed in host memory.
         isolate: measure each policy in its own subprocess so peak RSS figures don't mix.
         seed: parameter init and token seed.
+        placements: comma-separated ``jaxoff.placement`` presets (device, host_opt,
+            host_opt_xfer, host_params, host_params_stream<N>); every policy is measured
+            under every placement (streaming placements only with the ``full`` policy).
     """
 
     model: str = "tiny"
@@ -44,6 +47,21 @@ class CompareConfig:
     check_export: bool = False
     isolate: bool = True
     seed: int = 0
+    placements: str = "device"
+
+    def placement_list(self) -> list[str]:
+        return [p.strip() for p in self.placements.split(",") if p.strip()]
+
+    def runs(self) -> list[tuple[str, str]]:
+        """``(policy, placement)`` pairs to measure; streaming only pairs with ``full``."""
+        from ..placement import get_placement
+
+        return [
+            (spec, pl)
+            for pl in self.placement_list()
+            for spec in self.policy_list()
+            if not get_placement(pl).streams or spec in ("full", "nothing_saveable")
+        ]
 
     def policy_list(self) -> list[str]:
         """The policy spellings, in order, ``;`` turned back into ``,``."""
@@ -77,4 +95,13 @@ class CompareConfig:
         for spec in specs:
             if spec not in JAX_POLICIES:
                 get_policy(spec)  # raises ConfigError listing the valid names
+        from ..placement import get_placement
+
+        for pl in self.placement_list():
+            get_placement(pl)  # raises ConfigError listing the valid names
+        if not self.runs():
+            raise ConfigError(
+                "--placements: streaming placements run with the full policy only; "
+                "add full to --policies"
+            )
         return self

@@ -148,7 +148,9 @@ def measure_policy(
 
     graphdef, _ = abstract_state(cfg, optimizer())
     jaxpr = jax.make_jaxpr(make_train_step(graphdef, optimizer(), placement))(abstract, tok, tok)
-    flops = step_flops(cfg, batch, seq)
+    # a streamed step does `full`'s arithmetic (bitwise-equal results), but its custom-VJP
+    # loops ignore scan_unroll, which the FLOP probe relies on: count the unstreamed step
+    flops = step_flops(model_config(model, spec), batch, seq)
     state_kinds = bytes_by_kind(abstract, jax.tree.map(lambda s: s.sharding, abstract))
 
     _, state = init_state(cfg, optimizer(), seed)

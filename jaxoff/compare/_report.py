@@ -13,6 +13,8 @@ MiB = 2**20
 # column key -> (header, formatter); the CSV/JSON keep the raw numbers
 COLUMNS: dict[str, tuple[str, object]] = {
     "policy": ("policy", str),
+    "placement": ("placement", lambda p: p or "device"),
+    "device_state_bytes": ("state on device MiB", lambda b: f"{(b or 0) / MiB:,.1f}"),
     "remat_every": ("remat unit", lambda k: "block" if k == 1 else f"{k} blocks"),
     "temp_bytes": ("temp MiB", lambda b: f"{b / MiB:,.1f}"),
     "host_bytes": ("host MiB/step", lambda b: f"{b / MiB:,.1f}" if b else "0"),
@@ -92,7 +94,12 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
             color="tab:red" if r["pareto"] else "tab:blue",
             zorder=3,
         )
-        ax.annotate(r["policy"][:28], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        label = (
+            r["policy"]
+            if r.get("placement", "device") == "device"
+            else (f"{r['policy']}@{r['placement']}")
+        )
+        ax.annotate(label[:36], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
     front = sorted((r["temp_bytes"] / MiB, r["step_s"] * 1e3) for r in rows if r["pareto"])
     if front:
         ax.step(

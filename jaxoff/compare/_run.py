@@ -11,6 +11,22 @@ from . import _report
 from ._config import CompareConfig
 
 
+def _placement_export_ok(cfg: CompareConfig, row: dict) -> bool:
+    """The placement's own export check (host state, in-loop copies when streaming)."""
+    from ..placement import check_export as check_placement_export
+    from ._measure import model_config, optimizer
+
+    model_cfg = model_config(cfg.model, row["policy"])
+    ok = True
+    for platform in ("cuda", "tpu"):
+        report, problems = check_placement_export(
+            model_cfg, row["placement"], optimizer(), cfg.batch_size, cfg.seq_len, platform
+        )
+        row["export"][f"placement_{platform}"] = {**report.to_dict(), "problems": problems}
+        ok = ok and not problems
+    return ok
+
+
 def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     """Measures each policy of ``cfg`` and writes compare.{csv,json,png} to ``cfg.out_dir``.
 
@@ -24,7 +40,7 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     from ._measure import measure_isolated, measure_policy, model_config, step_flops
 
     console = console or Console()
-    specs = cfg.policy_list()
+    runs = cfg.runs()
     measure = measure_isolated if cfg.isolate else measure_policy
     rows = []
     with Progress(
@@ -35,17 +51,24 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task("compare", total=len(specs) * (2 if cfg.check_export else 1) + 1)
-        for spec in specs:
-            progress.update(task, description=f"compile + run {spec}")
+        task = progress.add_task("compare", total=len(runs) * (2 if cfg.check_export else 1) + 1)
+        for spec, placement in runs:
+            progress.update(task, description=f"compile + run {spec} ({placement})")
             rows.append(
                 measure(
-                    cfg.model, spec, cfg.batch_size, cfg.seq_len, cfg.steps, cfg.warmup, cfg.seed
+                    cfg.model,
+                    spec,
+                    cfg.batch_size,
+                    cfg.seq_len,
+                    cfg.steps,
+                    cfg.warmup,
+                    cfg.seed,
+                    placement=placement,
                 )
             )
             progress.advance(task)
         progress.update(task, description="baseline FLOPs (none)")
-        base = [r["flops"] for r in rows if r["policy"] == "none"]
+        base = [r["flops"] for r in rows if r["policy"] == "none" and r["placement"] == "device"]
         baseline = (
             base[0]
             if base
@@ -59,6 +82,8 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
                 progress.update(task, description=f"export cuda/tpu {r['policy']}")
                 r["export"] = check_export(cfg.model, r["policy"], cfg.batch_size, cfg.seq_len)
                 r["export_ok"] = r["export"]["ok"]
+                if r["placement"] != "device":
+                    r["export_ok"] = r["export_ok"] and _placement_export_ok(cfg, r)
                 progress.advance(task)
         progress.update(task, description="done")
     _report.finish_rows(rows, baseline)

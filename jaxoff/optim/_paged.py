@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -17,7 +18,7 @@ from jax.experimental import io_callback
 
 from jaxoff.aio import PageStore, PageStoreError
 from jaxoff.aio._engine import EngineConfig
-from jaxoff.aio._ffi_calls import new_token, page_out, register_file_table
+from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file_table
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
 from jaxoff.optim._pipeline import EntryIO, page_leaf
@@ -144,6 +145,7 @@ class Pager:
         self.pre = None if pre is None else optax.with_extra_args_support(pre)
         self.inner = optax.with_extra_args_support(inner)
         self.master_dtype = np.dtype(master_dtype)
+        self._engine_given = engine is not None
         self.engine = engine if engine is not None else EngineConfig(pool_bytes=64 << 20)
         if isinstance(store, PageStore):
             self.store, self.root, self.chunk_bytes = store, store.root, store.chunk_bytes
@@ -185,6 +187,9 @@ class Pager:
                     f"page store {self.root} holds other entries than this model's optimizer "
                     "needs; pass jaxoff.paged a directory (it creates the store) or another store")
             if self._ios is None:
+                need = self.split_phase_bytes(plan)
+                if not self._engine_given and self.engine.pool_bytes < need:
+                    self.engine = dataclasses.replace(self.engine, pool_bytes=need)
                 register_file_table(self.table, self.store.file_table(), config=self.engine)
                 tabs = [self.store.chunk_table(s) for s in ("A", "B")]
                 self._ios = []
@@ -194,6 +199,13 @@ class Pager:
                     offs = encode(tabs[0]["offset"][rows])
                     self._ios.append(EntryIO(fids, offs, np.dtype(entries[name][1])))
             return self.store
+
+    def split_phase_bytes(self, plan: Plan) -> int:
+        """Staging for split-phase paging: per leaf, two chunks of every entry prefetched at
+        the take, plus one chunk of every entry in write-behind."""
+        per_leaf = [sum(plan.entries[k].storage.itemsize for k in leaf.entries) * leaf.chunk_elems
+                    for leaf in plan.leaves]
+        return 3 * max(per_leaf, default=0) + (1 << 20)
 
     def close(self) -> None:
         if self.store is not None:
@@ -281,6 +293,7 @@ class Pager:
         # One token runs through all leaves: leaf k+1's first read waits for leaf k's last
         # write, so XLA cannot schedule every leaf's prologue at once (bounded buffers).
         tok = new_token()
+        split = self.engine.pool_bytes >= self.split_phase_bytes(plan)
         for leaf, g, p in zip(plan.leaves, g_leaves, p_leaves, strict=True):
             compute = functools.partial(self._compute, plan, leaf, g.reshape(-1), p.reshape(-1),
                                         inner_ram, extra, apply)
@@ -289,7 +302,7 @@ class Pager:
             out, crcs, tok = page_leaf(
                 self.table, [ios[k] for k in leaf.entries],
                 [state.crcs[k] for k in leaf.entries], read_slot, leaf.chunk_elems,
-                leaf.n_full, leaf.tail, out, compute, tok)
+                leaf.n_full, leaf.tail, out, compute, tok, split_phase=split)
             for k, c in zip(leaf.entries, crcs, strict=True):
                 new_crcs[k] = c
             outs.append(out.reshape(leaf.shape))
@@ -301,6 +314,8 @@ class Pager:
                             new_token())
         new_crcs[-1] = crc.reshape(1)
         tokens.append(tok)
+        # The commit follows every write of the step onto disk: write-behind writes included.
+        tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
         version = io_callback(self._commit, jax.ShapeDtypeStruct((), jnp.int32), state.version,
                               tuple(new_crcs), tuple(tokens), ordered=True)
         out_tree = jax.tree.unflatten(plan.params_def, outs)

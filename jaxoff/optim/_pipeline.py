@@ -1,11 +1,20 @@
 """The paging pipeline of one parameter leaf: read chunk i+1, update chunk i, write chunk i-1.
 
 Per leaf, the first chunk, the last one or two and the short tail are staged in Python (their
-sizes are static); the uniform middle is one ``lax.scan`` whose body issues the read of the
-next chunk, the update of the current one and the write of the previous one with no data
-dependency between them, so the asynchronous FFI calls overlap with the arithmetic. The carry
-holds two chunks per paged tensor (the one just read, the one just updated), so resident
-optimizer state is a few chunks whatever the leaf's size.
+sizes are static); the uniform middle is one ``lax.scan``.
+
+Split phase (``split_phase=True``; what ``jaxoff.paged`` uses when its staging is large enough):
+the body starts the read of chunk i+1 (``page_prefetch``: the
+engine's threads read it into staging), takes chunk i (prefetched one iteration earlier; the
+new tickets are the take's token, so the order prefetch -> take -> update is a data
+dependency), updates it and hands the result to a write-behind ``page_out`` that returns once
+the bytes are in staging. The I/O thus overlaps the arithmetic whatever XLA's executor does
+(its CPU runtime runs small scan bodies strictly in order, awaiting each async call at once).
+The carry holds only the tickets; the caller must ``page_flush`` before committing.
+
+Without split phase (the default of `page_leaf`), the body issues
+``page_in`` of chunk i+1, the update of chunk i and ``page_out`` of chunk i-1 with no data
+dependency between them, and the carry holds two chunks per paged tensor.
 
 Why per leaf and not one global scan: chunks never straddle two leaves (the page store cuts
 each entry separately and the inner optimizer may treat leaves differently, e.g. masked weight
@@ -22,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxoff.aio._ffi_calls import page_in, page_out
+from jaxoff.aio._ffi_calls import page_in, page_out, page_prefetch, page_take
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +54,14 @@ def page_leaf(
     out: jax.Array,
     compute: Callable,
     token: jax.Array,
+    *,
+    split_phase: bool = False,
 ) -> tuple[jax.Array, list[jax.Array], jax.Array]:
     """Pages one leaf through ``compute`` chunk by chunk.
+
+    With ``split_phase``, writes are write-behind: ``page_flush`` the table (after the returned
+    token) before anything outside the table relies on them. Staging needs room for two
+    chunks of every entry plus the writes in flight (``EngineConfig.pool_bytes``).
 
     Args:
       crcs_in: per entry, the crc32c of each chunk in the read slot (verified on read).
@@ -68,6 +83,10 @@ def page_leaf(
 
     def size(i):
         return chunk_elems if i < n_full else tail
+
+    if split_phase:
+        return _page_leaf_split(table, ios, fids, offs, crcs_in, read_slot, write_slot, num,
+                                n_full, chunk_elems, size, out, compute, token, crcs_out)
 
     def read(i, n, tok):
         xs = []
@@ -108,3 +127,46 @@ def page_leaf(
     _, pend, out, _, tok_w, crcs = carry
     tok_w, crcs = write(num - 1, pend, tok_w, crcs)
     return out, crcs, tok_w
+
+
+def _page_leaf_split(table, ios, fids, offs, crcs_in, read_slot, write_slot, num, n_full,
+                     chunk_elems, size, out, compute, token, crcs_out):
+    def prefetch(i, n, tok):
+        tickets = []
+        for k, io in enumerate(ios):
+            tok = page_prefetch(table, fids[k][read_slot, i], offs[k][i], crcs_in[k][i], tok,
+                                shape=(n,), dtype=io.storage)
+            tickets.append(tok)  # each prefetch after the previous: the last one orders all
+        return tickets
+
+    def take(n, tickets, tok):
+        xs = []
+        for io, t in zip(ios, tickets, strict=True):
+            x, tok = page_take(table, t, tok, shape=(n,), dtype=io.storage)
+            xs.append(x)
+        return xs
+
+    def stage(i, n, next_n, carry):
+        tickets, out, tok, crcs = carry
+        nxt = prefetch(i + 1, next_n, tok) if next_n else None
+        xs = take(n, tickets, nxt[-1] if nxt else tok)  # after the prefetch of chunk i+1
+        out_chunk, new = compute(i, n, xs)
+        out = lax.dynamic_update_slice(out, out_chunk.astype(out.dtype), (i * chunk_elems,))
+        crcs = list(crcs)
+        for k, x in enumerate(new):
+            crc, tok = page_out(table, fids[k][write_slot, i], offs[k][i], x, tok,
+                                write_behind=True)
+            crcs[k] = crcs[k].at[i].set(crc)
+        return nxt, out, tok, crcs
+
+    carry = (prefetch(0, size(0), token), out, token, crcs_out)
+    carry = stage(0, size(0), size(1) if num > 1 else 0, carry)
+    if n_full >= 3:  # the uniform middle: chunks 1 .. n_full-2, each reading a full chunk
+        def body(carry, i):
+            return stage(i, chunk_elems, chunk_elems, carry), None
+
+        carry, _ = lax.scan(body, carry, jnp.arange(1, n_full - 1, dtype=jnp.int32))
+    for i in range(max(1, n_full - 1), num):
+        carry = stage(i, size(i), size(i + 1) if i + 1 < num else 0, carry)
+    _, out, tok, crcs = carry
+    return out, crcs, tok

@@ -84,8 +84,12 @@ class PlanConfig:
         from ._hardware import get_hardware, parse_size
 
         hw = get_hardware(self.hardware, self.dtype, self.io_bench)
-        size = {k: (None if v is None else parse_size(v)) for k, v in
-                dict(device_mem=self.device_mem, host_mem=self.host_mem, disk=self.disk).items()}
+        size = {
+            k: (None if v is None else parse_size(v))
+            for k, v in dict(
+                device_mem=self.device_mem, host_mem=self.host_mem, disk=self.disk
+            ).items()
+        }
         return hw.with_budgets(**size)
 
 
@@ -98,7 +102,7 @@ def make_plan(cfg: PlanConfig, console=None):
     """
     from rich.console import Console
 
-    from ._cost import Plan, evaluate, fits
+    from ._cost import evaluate, fits
     from ._greedy import greedy
     from ._planfile import PlanFile, prediction_json
     from ._profile import profile
@@ -120,16 +124,25 @@ def make_plan(cfg: PlanConfig, console=None):
         others.append((f"preset {name}" + ("" if fits(e, hw) else " (does not fit)"), p, e))
     print_plan(prof, hw, plan, pred, others, console)
     pf = PlanFile(
-        cfg.model, prof.model_config, cfg.batch_size, cfg.seq_len, plan, hw.to_json(),
-        prediction_json(pred), None if gpred is None else {
+        cfg.model,
+        prof.model_config,
+        cfg.batch_size,
+        cfg.seq_len,
+        plan,
+        hw.to_json(),
+        prediction_json(pred),
+        None
+        if gpred is None
+        else {
             "plan": {"actions": dict(gplan.actions), "params": gplan.params, "opt": gplan.opt},
             "prediction": prediction_json(gpred),
         },
     )
     path = pf.save(cfg.out)
-    console.print(f"plan written to {path}; run it with `jaxoff train --model {cfg.model} "
-                  f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --plan {path}`")
-    del Plan
+    console.print(
+        f"plan written to {path}; run it with `jaxoff train --model {cfg.model} "
+        f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --plan {path}`"
+    )
     return pf
 
 

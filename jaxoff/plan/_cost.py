@@ -114,7 +114,7 @@ def residual_split(prof: Profile, plan: Plan) -> tuple[int, int]:
 
 def home_costs(prof: Profile, hw: Hardware, params: str, opt: str) -> dict[str, float]:
     """Bytes per tier and seconds that depend only on where params and states live."""
-    P, G, O = prof.param_bytes, prof.grad_bytes, prof.opt_bytes
+    P, G, S = prof.param_bytes, prof.grad_bytes, prof.opt_bytes
     dev = prof.input_bytes
     host = 0.0
     disk = 0.0
@@ -129,20 +129,20 @@ def home_costs(prof: Profile, hw: Hardware, params: str, opt: str) -> dict[str, 
         if params == "nvme":
             disk += P
             disk_s = 2 * P / hw.disk_read + P / hw.disk_write
-    touched = 2 * O + 3 * P  # read+write states, read grads, read+write params
+    touched = 2 * S + 3 * P  # read+write states, read grads, read+write params
     if opt == "device":
-        dev += O
+        dev += S
         opt_s = touched / hw.device_mem_bw
     else:
         opt_s = touched / hw.host_mem_bw
         if params == "device":
             opt_s += (G + P) / hw.link  # gradients down, new parameters up
         if opt == "host":
-            host += O
+            host += S
         else:
             host += STAGING_BYTES
-            disk += O
-            opt_s = max(opt_s, O / hw.disk_read, O / hw.disk_write)
+            disk += S
+            opt_s = max(opt_s, S / hw.disk_read, S / hw.disk_write)
     return dict(dev=dev, host=host, disk=disk, link=link, disk_s=disk_s, opt_s=opt_s)
 
 

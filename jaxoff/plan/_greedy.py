@@ -16,10 +16,14 @@ def _moves(prof: Profile, plan: Plan, allowed):
     acts = dict(plan.actions)
     for n, options in opts.items():
         for a in options:
-            if a != acts[n] and (acts[n], a) in (("device", "offload"), ("device", "remat"),
-                                                 ("offload", "remat")):
-                yield Plan(tuple((k, a if k == n else v) for k, v in plan.actions),
-                           plan.params, plan.opt)
+            if a != acts[n] and (acts[n], a) in (
+                ("device", "offload"),
+                ("device", "remat"),
+                ("offload", "remat"),
+            ):
+                yield Plan(
+                    tuple((k, a if k == n else v) for k, v in plan.actions), plan.params, plan.opt
+                )
     for field in ("params", "opt"):
         i = HOMES.index(getattr(plan, field))
         for home in HOMES[i + 1 :]:

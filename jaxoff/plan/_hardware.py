@@ -94,33 +94,69 @@ PRESETS: dict[str, dict] = {
     p["name"]: p
     for p in (
         _preset(
-            "h100-sxm", 80, 3.35, 989, 494.5, 64, _SERVER_HOST,
+            "h100-sxm",
+            80,
+            3.35,
+            989,
+            494.5,
+            64,
+            _SERVER_HOST,
             "NVIDIA H100 datasheet (SXM5: 80 GB HBM3, 3.35 TB/s, BF16 989 / TF32 494.5 "
             "TFLOPS dense, PCIe Gen5 x16 64 GB/s to host)",
         ),
         _preset(
-            "h100-pcie", 80, 2.0, 756, 378, 64, _SERVER_HOST,
+            "h100-pcie",
+            80,
+            2.0,
+            756,
+            378,
+            64,
+            _SERVER_HOST,
             "NVIDIA H100 datasheet (PCIe: 80 GB HBM2e, 2.0 TB/s, BF16 756 / TF32 378 "
             "TFLOPS dense, PCIe Gen5 x16 64 GB/s)",
         ),
         _preset(
-            "a100-40", 40, 1.555, 312, 156, 32, _SERVER_HOST,
+            "a100-40",
+            40,
+            1.555,
+            312,
+            156,
+            32,
+            _SERVER_HOST,
             "NVIDIA A100 datasheet (40 GB HBM2, 1.555 TB/s, BF16 312 / TF32 156 TFLOPS "
             "dense, PCIe Gen4 x16 32 GB/s)",
         ),
         _preset(
-            "a100-80", 80, 2.039, 312, 156, 32, _SERVER_HOST,
+            "a100-80",
+            80,
+            2.039,
+            312,
+            156,
+            32,
+            _SERVER_HOST,
             "NVIDIA A100 datasheet (80 GB HBM2e SXM, 2.039 TB/s, BF16 312 / TF32 156 "
             "TFLOPS dense, PCIe Gen4 x16 32 GB/s)",
         ),
         _preset(
-            "rtx4090", 24, 1.008, 165.2, 82.6, 32, _DESKTOP_HOST,
+            "rtx4090",
+            24,
+            1.008,
+            165.2,
+            82.6,
+            32,
+            _DESKTOP_HOST,
             "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090: 24 GB GDDR6X, "
             "1008 GB/s, FP16/BF16 tensor with FP32 accumulate 165.2 TFLOPS dense, FP32 "
             "82.6 TFLOPS, PCIe Gen4 x16 32 GB/s)",
         ),
         _preset(
-            "tpu-v5e", 16, 0.819, 197, 197 / 3, 32, _SERVER_HOST,
+            "tpu-v5e",
+            16,
+            0.819,
+            197,
+            197 / 3,
+            32,
+            _SERVER_HOST,
             "Google Cloud TPU v5e docs (16 GiB HBM2 at 819 GB/s, 197 TFLOPS BF16 per "
             "chip); fp32 matmuls taken as 3 bf16 passes and the host link as PCIe Gen4 "
             "x16 (assumptions, not published figures)",

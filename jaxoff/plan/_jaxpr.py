@@ -11,7 +11,6 @@ import dataclasses
 import math
 from collections.abc import Iterator
 
-import jax
 from jax.extend.core import Literal
 
 # Ops that move or reinterpret data: no arithmetic.
@@ -36,7 +35,6 @@ _FREE = frozenset(
         "device_put",
         "name",
         "stop_gradient",
-        "squeeze",
         "rev",
     }
 )

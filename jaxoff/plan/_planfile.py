@@ -77,8 +77,14 @@ class PlanFile:
         p = d["plan"]
         plan = Plan(tuple(p["actions"].items()), p["params"], p["opt"])
         return cls(
-            d["model"], d["model_config"], d["batch"], d["seq"], plan, d["hardware"],
-            d["prediction"], d.get("baseline"),
+            d["model"],
+            d["model_config"],
+            d["batch"],
+            d["seq"],
+            plan,
+            d["hardware"],
+            d["prediction"],
+            d.get("baseline"),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -96,8 +102,10 @@ class PlanFile:
             if self.model_config.get(k) != have.get(k)
         }
         if diff:
-            shown = ", ".join(f"{k} planned {a!r} but running {b!r}" for k, a, b in
-                              ((k, *v) for k, v in diff.items()))
+            shown = ", ".join(
+                f"{k} planned {a!r} but running {b!r}"
+                for k, a, b in ((k, *v) for k, v in diff.items())
+            )
             raise ConfigError(
                 f"this plan was made for model {self.model!r} and does not fit the model "
                 f"being run ({shown}); make a plan for this model with "
@@ -144,7 +152,9 @@ def apply_plan(cfg):
 
     pf = load_plan(cfg.plan)
     model_cfg = dataclasses.replace(
-        _base_model(cfg.model), positions=cfg.positions, dtype=cfg.dtype,
+        _base_model(cfg.model),
+        positions=cfg.positions,
+        dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
     )
     pf.check_model(model_cfg, cfg.batch_size, cfg.seq_len)
@@ -165,5 +175,7 @@ def _base_model(name: str):
     from models.gpt import CONFIGS
 
     if name not in CONFIGS:
-        raise ConfigError(f"--model {name!r} is not a known size; choose one of {', '.join(CONFIGS)}")
+        raise ConfigError(
+            f"--model {name!r} is not a known size; choose one of {', '.join(CONFIGS)}"
+        )
     return CONFIGS[name]

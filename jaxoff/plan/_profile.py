@@ -87,9 +87,7 @@ class Profile:
     @classmethod
     def from_json(cls, d: dict) -> Profile:
         d = dict(d)
-        d["names"] = tuple(
-            NameProfile(**{**n, "preds": tuple(n["preds"])}) for n in d["names"]
-        )
+        d["names"] = tuple(NameProfile(**{**n, "preds": tuple(n["preds"])}) for n in d["names"])
         d["workspace_range"] = tuple(d["workspace_range"])
         return cls(**d)
 

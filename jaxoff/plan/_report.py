@@ -33,16 +33,20 @@ def _why(prof: Profile, hw: Hardware, name: str, action: str, pred: Prediction) 
     cost = L * n.flops / hw.flops
     freed = fmt_bytes(L * n.bytes)
     if action == "device":
-        return (f"kept ({freed} fits): recomputing costs {fmt_s(cost)}/step, offloading "
-                f"{fmt_bytes(2 * L * n.bytes)}/step over the link")
+        return (
+            f"kept ({freed} fits): recomputing costs {fmt_s(cost)}/step, offloading "
+            f"{fmt_bytes(2 * L * n.bytes)}/step over the link"
+        )
     if action == "remat":
         return f"recomputed: frees {freed} for {fmt_s(cost)}/step of compute"
     return f"to host: frees {freed} of device; {fmt_bytes(2 * L * n.bytes)}/step over the link"
 
 
 def plan_table(prof: Profile, hw: Hardware, plan: Plan, pred: Prediction) -> Table:
-    t = Table(title=f"plan for {prof.model}: batch {prof.batch} x seq {prof.seq}, "
-              f"{prof.num_layers} layers, on {hw.name}")
+    t = Table(
+        title=f"plan for {prof.model}: batch {prof.batch} x seq {prof.seq}, "
+        f"{prof.num_layers} layers, on {hw.name}"
+    )
     for col in ("residual", "per layer", "all layers", "recompute", "action", "why"):
         t.add_column(col, justify="left" if col in ("residual", "action", "why") else "right")
     for name, action in plan.actions:
@@ -62,19 +66,44 @@ def plan_table(prof: Profile, hw: Hardware, plan: Plan, pred: Prediction) -> Tab
 
 def tiers_table(hw: Hardware, rows: list[tuple[str, Plan, Prediction]]) -> Table:
     t = Table(title="predicted memory per tier and step time")
-    for col in ("plan", "device", "host", "disk", "step", "compute", "recompute",
-                "exposed xfer", "optimizer"):
+    for col in (
+        "plan",
+        "device",
+        "host",
+        "disk",
+        "step",
+        "compute",
+        "recompute",
+        "exposed xfer",
+        "optimizer",
+    ):
         t.add_column(col, justify="left" if col == "plan" else "right")
-    t.add_row("budget", fmt_bytes(hw.device_mem),
-              "shared with device" if hw.shared_memory else fmt_bytes(hw.host_mem),
-              fmt_bytes(hw.disk), "", "", "", "", "")
+    t.add_row(
+        "budget",
+        fmt_bytes(hw.device_mem),
+        "shared with device" if hw.shared_memory else fmt_bytes(hw.host_mem),
+        fmt_bytes(hw.disk),
+        "",
+        "",
+        "",
+        "",
+        "",
+    )
     for label, _, p in rows:
         if p is None:
             t.add_row(label, "-", "-", "-", "no plan fits", "", "", "", "")
             continue
-        t.add_row(label, fmt_bytes(p.device_bytes), fmt_bytes(p.host_bytes),
-                  fmt_bytes(p.disk_bytes), fmt_s(p.step_s), fmt_s(p.compute_s),
-                  fmt_s(p.recompute_s), fmt_s(p.exposed_s), fmt_s(p.optimizer_s))
+        t.add_row(
+            label,
+            fmt_bytes(p.device_bytes),
+            fmt_bytes(p.host_bytes),
+            fmt_bytes(p.disk_bytes),
+            fmt_s(p.step_s),
+            fmt_s(p.compute_s),
+            fmt_s(p.recompute_s),
+            fmt_s(p.exposed_s),
+            fmt_s(p.optimizer_s),
+        )
     return t
 
 
@@ -82,6 +111,8 @@ def print_plan(prof, hw, plan, pred, others, console: Console | None = None) -> 
     console = console or Console()
     console.print(plan_table(prof, hw, plan, pred))
     console.print(tiers_table(hw, [("MILP (chosen)", plan, pred), *others]))
-    console.print(f"hardware: {hw.name}: {hw.flops / 1e12:.3g} TFLOP/s sustained, link "
-                  f"{hw.link / 1e9:.3g} GB/s, disk {hw.disk_read / 1e9:.3g}/"
-                  f"{hw.disk_write / 1e9:.3g} GB/s read/write ({hw.source})")
+    console.print(
+        f"hardware: {hw.name}: {hw.flops / 1e12:.3g} TFLOP/s sustained, link "
+        f"{hw.link / 1e9:.3g} GB/s, disk {hw.disk_read / 1e9:.3g}/"
+        f"{hw.disk_write / 1e9:.3g} GB/s read/write ({hw.source})"
+    )

@@ -92,8 +92,14 @@ def _exprs(prof: Profile, hw: Hardware, mdl: _Model, cpu_lowering: bool):
     if hw.shared_memory:
         dev_c, host_c = dev_c + host_c, np.zeros(N)
     return dict(
-        time=time_c, compute0=compute0, dev=dev_c, dev0=dev0, host=host_c, disk=disk_c,
-        link=link_c, disk_s=disks_c,
+        time=time_c,
+        compute0=compute0,
+        dev=dev_c,
+        dev0=dev0,
+        host=host_c,
+        disk=disk_c,
+        link=link_c,
+        disk_s=disks_c,
     )
 
 
@@ -225,8 +231,9 @@ def smallest_budget(prof, hw, tier: str, *, allowed=None, homes=None, cpu_loweri
 def _infeasible_message(prof, hw, allowed, homes, cpu_lowering) -> str:
     from ._report import fmt_bytes
 
-    need_dev = smallest_budget(prof, hw, "dev", allowed=allowed, homes=homes,
-                               cpu_lowering=cpu_lowering)
+    need_dev = smallest_budget(
+        prof, hw, "dev", allowed=allowed, homes=homes, cpu_lowering=cpu_lowering
+    )
     what = f"model {prof.model} at batch {prof.batch} x seq {prof.seq}"
     if need_dev is not None:
         return (
@@ -236,11 +243,16 @@ def _infeasible_message(prof, hw, allowed, homes, cpu_lowering) -> str:
             f"or lower --batch / --seq"
         )
     loose = dataclasses.replace(hw, device_mem=float("inf"))
-    need_host = smallest_budget(prof, loose, "host", allowed=allowed, homes=homes,
-                                cpu_lowering=cpu_lowering)
+    need_host = smallest_budget(
+        prof, loose, "host", allowed=allowed, homes=homes, cpu_lowering=cpu_lowering
+    )
     need_disk = smallest_budget(
-        prof, dataclasses.replace(loose, host_mem=float("inf")), "disk", allowed=allowed,
-        homes=homes, cpu_lowering=cpu_lowering,
+        prof,
+        dataclasses.replace(loose, host_mem=float("inf")),
+        "disk",
+        allowed=allowed,
+        homes=homes,
+        cpu_lowering=cpu_lowering,
     )
     parts = []
     if need_host is not None and need_host > hw.host_mem:

@@ -46,8 +46,9 @@ class TrainConfig:
         overwrite: replace a previous run in out_dir (its metrics and checkpoints are deleted).
         stop_at: stop after this step (as if interrupted), checkpointing first; 0 runs to the end.
         progress: show the live progress bar.
-        store: page-store directory: optimizer state and fp32 master weights live there
-            (``jaxoff.paged``), streamed chunk by chunk through the async I/O engine.
+        store: where the optimizer state and fp32 master weights live: ``auto`` pages them
+            to ``<out_dir>/store`` (``jaxoff.paged``: streamed chunk by chunk through the async
+            I/O engine), a directory pages them there, ``none`` keeps them in RAM.
         chunk_mib: MiB per chunk of the paged optimizer state (with --store).
         plan: a plan file from ``jaxoff plan``: its remat/offload policy replaces --policy
             (the plan must be for this model and batch shape).
@@ -84,7 +85,7 @@ class TrainConfig:
     stop_at: int = 0
     progress: bool = True
     plan: Path | None = None
-    store: Path | None = None
+    store: str = "auto"
     chunk_mib: int = 16
     placement: str = "device"
     fsdp: int = 1
@@ -136,13 +137,13 @@ class TrainConfig:
             devices=self.fsdp,
             batch_size=self.batch_size,
         )
-        if self.store is not None:
+        if self.store_dir() is not None:
             if self.chunk_mib < 1:
                 raise ConfigError(f"--chunk-mib must be at least 1, got {self.chunk_mib}")
             if self.placement != "device" or self.fsdp != 1:
                 raise ConfigError(
                     "--store pages the optimizer state to disk; it cannot be combined with "
-                    "--placement other than device or --fsdp > 1 yet: drop one of them"
+                    "--placement other than device or --fsdp > 1 yet: pass --store none"
                 )
         if self.data is not None and not Path(self.data).exists():
             raise ConfigError(f"--data {self.data}: no such file or directory")
@@ -162,6 +163,12 @@ class TrainConfig:
             param_dtype=self.param_dtype,
         )
         return apply_policy(base, self.policy)
+
+    def store_dir(self) -> Path | None:
+        """The page-store directory of the optimizer state, or ``None`` to keep it in RAM."""
+        if self.store == "none":
+            return None
+        return Path(self.out_dir) / "store" if self.store == "auto" else Path(self.store)
 
     def mesh(self):
         """The FSDP ``Mesh`` of ``--fsdp`` devices, or ``None`` for one device."""
@@ -190,11 +197,12 @@ class TrainConfig:
         tx = make[self.optimizer]()
         if self.clip_norm > 0:
             tx = optax.chain(optax.clip_by_global_norm(self.clip_norm), tx)
-        if self.store is not None:
+        store = self.store_dir()
+        if store is not None:
             from ..optim import paged
 
             # the leading clip is split off and runs on the gradients in RAM
-            tx = paged(tx, self.store, chunk_bytes=self.chunk_mib << 20)
+            tx = paged(tx, store, chunk_bytes=self.chunk_mib << 20)
         return tx
 
     def to_json(self) -> dict:

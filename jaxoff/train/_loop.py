@@ -68,6 +68,9 @@ def _prepare_out_dir(cfg: TrainConfig, ckpts: Checkpoints) -> None:
         for name in ("metrics.jsonl", "config.json"):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(ckpts.directory, ignore_errors=True)
+        shutil.rmtree(ckpts.paged_directory, ignore_errors=True)
+        if cfg.store == "auto":  # the run's own store goes with it
+            shutil.rmtree(cfg.store_dir(), ignore_errors=True)
         ckpts.directory.mkdir(parents=True)
     config_path.write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True))
 

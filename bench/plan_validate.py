@@ -1,0 +1,182 @@
+"""Validates the planner on this machine (CPU, scanned GPT).
+
+1. **Memory**: predicted device temporaries vs ``compiled.memory_analysis()`` over a grid
+   of models, batch shapes and plans (the MILP's plan at a few budgets, presets, random
+   plans). Offloaded residuals count on device (XLA's CPU backend keeps them there).
+2. **Speed under a budget**: for a device budget between full remat and keep-everything,
+   the measured step time of the MILP's plan vs the fastest preset whose *measured*
+   memory fits the same budget (same run, same process, ratios).
+
+    python bench/plan_validate.py                       # default grid (~5-10 min here)
+    python bench/plan_validate.py --models tiny --quick # a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import time
+
+from jaxoff.plan import Plan, evaluate, profile, solve
+from jaxoff.plan._config import COMPARED_PRESETS, preset_plan
+from jaxoff.plan._hardware import calibrate
+from jaxoff.plan._profile import measured_temp_bytes
+from models.gpt import CONFIGS, RESIDUAL_NAMES
+
+
+def memory_grid(models, shapes, seed, hw, out):
+    rows = []
+    rng = random.Random(seed)
+    for model in models:
+        cfg = CONFIGS[model]
+        for batch, seq in shapes:
+            seq = min(seq, cfg.max_seq_len)
+            t0 = time.perf_counter()
+            prof = profile(cfg, batch, seq, model=model)
+            t_prof = time.perf_counter() - t0
+            plans = {p: preset_plan(prof, p) for p in COMPARED_PRESETS}
+            plans["all-device"] = Plan.from_actions(prof, dict.fromkeys(RESIDUAL_NAMES, "device"))
+            for i in range(2):
+                acts = {n: rng.choice(["device", "offload", "remat"]) for n in RESIDUAL_NAMES}
+                plans[f"random{i}"] = Plan.from_actions(prof, acts)
+            top = evaluate(prof, hw, plans["all-device"], cpu_lowering=True).device_bytes
+            low = evaluate(prof, hw, plans["full"], cpu_lowering=True).device_bytes
+            for frac in (0.3, 0.7):
+                budget = low + frac * (top - low)
+                try:
+                    plans[f"milp@{frac}"] = solve(
+                        prof, hw.with_budgets(device_mem=budget), cpu_lowering=True
+                    )
+                except Exception as e:  # noqa: BLE001 - report, keep going
+                    print(f"  milp@{frac}: {e}")
+            for name, plan in plans.items():
+                # the compiled step keeps params/grads on device: validate the residual
+                # plan with those homes (placement is checked elsewhere)
+                plan = dataclasses.replace(plan, params="device", opt="device")
+                pred = evaluate(prof, hw, plan, cpu_lowering=True).device_temp_bytes
+                meas = measured_temp_bytes(prof, cfg, dict(plan.actions))
+                r = dict(
+                    model=model,
+                    batch=batch,
+                    seq=seq,
+                    plan=name,
+                    predicted=pred,
+                    measured=meas,
+                    error=pred / meas - 1,
+                    profile_s=t_prof,
+                )
+                rows.append(r)
+                print(
+                    f"{model:6s} b{batch:<3d} s{seq:<5d} {name:14s} predicted "
+                    f"{pred / 2**20:9.2f} MiB measured {meas / 2**20:9.2f} MiB "
+                    f"error {100 * r['error']:+6.2f}%",
+                    flush=True,
+                )
+                out.write(json.dumps(r) + "\n")
+    worst = max(abs(r["error"]) for r in rows)
+    print(
+        f"memory: {len(rows)} (model, shape, plan) cases, worst |error| {100 * worst:.2f}%, "
+        f"within 5%: {sum(abs(r['error']) < 0.05 for r in rows)}/{len(rows)}"
+    )
+    return rows
+
+
+def speed_under_budget(model, batch, seq, frac, steps, hw, out):
+    from jaxoff.compare._measure import measure_policy
+
+    cfg = CONFIGS[model]
+    prof = profile(cfg, batch, seq, model=model)
+    top = evaluate(
+        prof,
+        hw,
+        Plan.from_actions(prof, dict.fromkeys(RESIDUAL_NAMES, "device")),
+        cpu_lowering=True,
+    ).device_bytes
+    low = evaluate(prof, hw, preset_plan(prof, "full"), cpu_lowering=True).device_bytes
+    budget = low + frac * (top - low)
+    hwb = hw.with_budgets(device_mem=budget)
+    plan = solve(prof, hwb, cpu_lowering=True)
+    spec = ",".join(f"{n}={a}" for n, a in plan.actions)
+    candidates = {
+        "milp": spec,
+        **{p: p for p in ("none", *COMPARED_PRESETS, "sqrt", "dots_saveable")},
+    }
+    results = {}
+    for label, s in candidates.items():
+        r = measure_policy(model, s, batch, seq, steps, 1)
+        args = r["argument_bytes"]
+        r["device_bytes"] = r["temp_bytes"] + args
+        r["fits"] = r["device_bytes"] <= budget
+        results[label] = r
+        print(
+            f"  {label:16s} temp {r['temp_bytes'] / 2**20:8.1f} MiB + args "
+            f"{args / 2**20:6.1f} MiB fits={r['fits']!s:5s} step {r['step_s'] * 1e3:8.1f} ms",
+            flush=True,
+        )
+    fitting = {k: v for k, v in results.items() if k != "milp" and v["fits"]}
+    best = min(fitting, key=lambda k: fitting[k]["step_s"]) if fitting else None
+    pred = evaluate(prof, hwb, plan, cpu_lowering=True)
+    line = dict(
+        model=model,
+        batch=batch,
+        seq=seq,
+        budget=budget,
+        plan=spec,
+        milp_step_s=results["milp"]["step_s"],
+        milp_fits=results["milp"]["fits"],
+        predicted_step_s=pred.step_s,
+        best_preset=best,
+        best_preset_step_s=fitting[best]["step_s"] if best else None,
+    )
+    out.write(json.dumps(line) + "\n")
+    print(
+        f"speed: budget {budget / 2**20:.1f} MiB: MILP plan {line['milp_step_s'] * 1e3:.1f} ms "
+        f"(predicted {pred.step_s * 1e3:.1f} ms, fits measured: {line['milp_fits']}); "
+        + (
+            f"fastest fitting preset {best} {line['best_preset_step_s'] * 1e3:.1f} ms; ratio "
+            f"{line['milp_step_s'] / line['best_preset_step_s']:.3f}"
+            if best
+            else "no preset fits"
+        )
+    )
+    return line
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,mini,small")
+    ap.add_argument("--shapes", default="2x64,8x128", help="BATCHxSEQ,...")
+    ap.add_argument("--speed-model", default="mini")
+    ap.add_argument("--speed-shape", default="8x256")
+    ap.add_argument(
+        "--budget-frac",
+        type=float,
+        default=0.5,
+        help="budget between full remat (0) and keep-everything (1)",
+    )
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one shape, no speed test")
+    ap.add_argument("--out", default="runs/plan_validate.jsonl")
+    a = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    if a.quick:
+        shapes = shapes[:1]
+    hw = calibrate()
+    print(
+        f"hardware: {hw.flops / 1e9:.1f} GFLOP/s, copy {hw.device_mem_bw / 1e9:.2f} GB/s, "
+        f"disk {hw.disk_read / 1e9:.2f}/{hw.disk_write / 1e9:.2f} GB/s"
+    )
+    import pathlib
+
+    pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out, "w") as out:
+        memory_grid(a.models.split(","), shapes, 0, hw, out)
+        if not a.quick:
+            b, s = (int(x) for x in a.speed_shape.split("x"))
+            speed_under_budget(a.speed_model, b, s, a.budget_frac, a.steps, hw, out)
+
+
+if __name__ == "__main__":
+    main()
