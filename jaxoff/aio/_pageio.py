@@ -35,15 +35,20 @@ def _full_error(path: str, offset: int, nbytes: int, err: OSError) -> PageStoreF
     )
 
 
-def _io_write(path: str, offset: int, buffer) -> None:
-    """Writes all of ``buffer`` (bytes-like) at ``offset`` of an existing page file."""
-    view = memoryview(buffer).cast("B")
+def _open_page(path: str, flags: int) -> int:
+    """Opens an existing page file; a missing one means the store was changed by hand."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        return os.open(path, flags | os.O_CLOEXEC)
     except FileNotFoundError:
         raise PageStoreCorruptError(
             f"page file {path} is missing; the store directory was changed by hand: " + RESTORE_HINT
         ) from None
+
+
+def _io_write(path: str, offset: int, buffer) -> None:
+    """Writes all of ``buffer`` (bytes-like) at ``offset`` of an existing page file."""
+    view = memoryview(buffer).cast("B")
+    fd = _open_page(path, os.O_WRONLY)
     try:
         done = 0
         while done < len(view):
@@ -63,12 +68,7 @@ def _io_read(path: str, offset: int, nbytes: int, out: np.ndarray | None = None)
     array; returns it.
     """
     out = np.empty(nbytes, np.uint8) if out is None else out
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise PageStoreCorruptError(
-            f"page file {path} is missing; the store directory was changed by hand: " + RESTORE_HINT
-        ) from None
+    fd = _open_page(path, os.O_RDONLY)
     try:
         done = 0
         view = memoryview(out)
