@@ -17,7 +17,9 @@ from jaxoff.placement import (
     jit_step,
     make_mesh,
     streamed_model,
+    with_paged_optimizer,
 )
+from jaxoff.optim import paged
 from jaxoff.train._step import init_state, make_train_step
 from models.gpt import CONFIGS, GPTConfig
 
@@ -90,6 +92,25 @@ def test_host_update_falls_back_to_transfers_for_clipping(reference):
     state, losses = train("host_params_stream1", tx)
     assert losses == ref_losses
     assert_bitwise(state, ref_state)
+
+
+@pytest.mark.parametrize("name", ["host_opt", "host_params", "host_params_stream2"])
+def test_paged_optimizer_with_host_placement_is_bitwise_the_paged_device_run(tmp_path, name):
+    """ZeRO-Infinity's layout: parameters on host, optimizer states and masters on disk."""
+    ref_tx = paged(adamw(), tmp_path / "ref", chunk_bytes=8192)
+    ref_state, ref_losses = train("device", ref_tx)
+    tx = paged(adamw(), tmp_path / "s", chunk_bytes=8192)
+    placement = with_paged_optimizer(name)
+    state, losses = train(placement, tx)
+    assert losses == ref_losses
+    assert_bitwise(state.params, ref_state.params)
+    want_params = {"host_opt": "device"}.get(name, "pinned_host")
+    assert kinds(state.params) == {want_params}
+    assert kinds(state.opt_state) == {"device"}  # version, checksums, counts: bytes
+    for name_ in ref_tx.store.entries:  # the stores hold the same masters and moments
+        assert tx.store.read(name_).tobytes() == ref_tx.store.read(name_).tobytes(), name_
+    tx.close()
+    ref_tx.close()
 
 
 def test_streaming_window_larger_than_model(reference):
@@ -168,6 +189,7 @@ def test_fsdp_mesh_host_params_streamed():
         (dict(placement="host_everything"), "not known"),
         (dict(placement="host_opt", fsdp=3, batch_size=4), "does not split"),
         (dict(placement="host_opt", fsdp=64), "sees 4 device"),
+        (dict(placement="host_params", fsdp=2, store="auto"), "--fsdp 1"),
     ],
 )
 def test_bad_combinations_are_config_errors(tmp_path, kwargs, match):
@@ -198,3 +220,18 @@ def test_trainer_runs_streamed_and_resumes_exactly(tmp_path, tiny_train_args):
         TrainConfig(**{**tiny_train_args, "steps": 4, "policy": "full", "out_dir": tmp_path / "c"})
     )
     assert plain.losses == full.losses
+
+
+def test_trainer_pages_optimizer_with_streamed_host_params(tmp_path, tiny_train_args):
+    """--store with --placement host_params_stream1: bitwise the --store run on device, and
+    resumable exactly."""
+    from jaxoff.train import train as run
+
+    args = {**tiny_train_args, "steps": 4, "policy": "full", "store": "auto"}
+    want = run(TrainConfig(**{**args, "out_dir": tmp_path / "dev"}))
+    args["placement"] = "host_params_stream1"
+    full = run(TrainConfig(**{**args, "out_dir": tmp_path / "a"}))
+    assert full.losses == want.losses
+    run(TrainConfig(**{**args, "out_dir": tmp_path / "b", "stop_at": 2, "ckpt_every": 2}))
+    rest = run(TrainConfig(**{**args, "out_dir": tmp_path / "b", "ckpt_every": 2, "resume": True}))
+    assert rest.losses == full.losses[2:]

@@ -315,9 +315,12 @@ class Pager:
         new_crcs[-1] = crc.reshape(1)
         tokens.append(tok)
         # The commit follows every write of the step onto disk: write-behind writes included.
+        # Its order is data: it waits for the flush token, and the next step reads the
+        # version it returns. (ordered=True would add an effect token, which jax 0.10.2
+        # cannot lower next to outputs placed in host memory.)
         tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
         version = io_callback(self._commit, jax.ShapeDtypeStruct((), jnp.int32), state.version,
-                              tuple(new_crcs), tuple(tokens), ordered=True)
+                              tuple(new_crcs), tuple(tokens), ordered=False)
         out_tree = jax.tree.unflatten(plan.params_def, outs)
         return out_tree, PagedState(version, tuple(new_crcs), new_ram)
 

@@ -21,6 +21,7 @@ from ._jit import jit_step as jit_step
 from ._placement import PRESETS as PRESETS
 from ._placement import Placement as Placement
 from ._placement import get_placement as get_placement
+from ._placement import with_paged_optimizer as with_paged_optimizer
 from ._shardings import batch_sharding as batch_sharding
 from ._shardings import bytes_by_kind as bytes_by_kind
 from ._shardings import make_mesh as make_mesh
@@ -43,4 +44,5 @@ __all__ = [
     "move",
     "state_shardings",
     "streamed_model",
+    "with_paged_optimizer",
 ]

@@ -133,6 +133,26 @@ PRESETS: dict[str, tuple[Placement, str]] = {
 }
 """Named placements; ``host_params_stream<N>`` works for any ``N >= 1``."""
 
+def with_paged_optimizer(placement: Placement | str | None) -> Placement:
+    """The placement used when the optimizer is paged to disk (``jaxoff.paged``).
+
+    A paged optimizer's state lives in its page store; what the step carries is a few bytes
+    (store version, chunk checksums, step counts), kept in device memory. Its update runs
+    in device space, where the FFI paging calls run: the parameters are moved there for the
+    update and back to their home after it (host parameters: ZeRO-Infinity's layout, with
+    optimizer states and fp32 masters on NVMe). On an accelerator that copy costs device
+    memory during the update; on the CPU both spaces are the same RAM.
+
+    >>> p = with_paged_optimizer("host_params_stream1")
+    >>> p.params, p.opt_state, p.update_kind, p.stream_window
+    ('host', 'device', 'device', 1)
+    """
+    placement = get_placement(placement)
+    if placement.all_on_device:
+        return placement
+    return dataclasses.replace(placement, opt_state="device", update_on="device")
+
+
 _STREAM = re.compile(r"host_params_stream(-?\d+)")
 
 

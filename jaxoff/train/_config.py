@@ -140,10 +140,10 @@ class TrainConfig:
         if self.store_dir() is not None:
             if self.chunk_mib < 1:
                 raise ConfigError(f"--chunk-mib must be at least 1, got {self.chunk_mib}")
-            if self.placement != "device" or self.fsdp != 1:
+            if self.fsdp != 1:
                 raise ConfigError(
-                    "--store pages the optimizer state to disk; it cannot be combined with "
-                    "--placement other than device or --fsdp > 1 yet: pass --store none"
+                    "--store pages the optimizer state to disk from one device; it cannot be "
+                    "combined with --fsdp > 1 yet: pass --store none, or --fsdp 1"
                 )
         if self.data is not None and not Path(self.data).exists():
             raise ConfigError(f"--data {self.data}: no such file or directory")
@@ -169,6 +169,15 @@ class TrainConfig:
         if self.store == "none":
             return None
         return Path(self.out_dir) / "store" if self.store == "auto" else Path(self.store)
+
+    def resolved_placement(self):
+        """The ``jaxoff.placement.Placement`` of this run: ``--placement``, with the optimizer
+        state on disk when ``--store`` pages it (see ``with_paged_optimizer``)."""
+        from ..placement import get_placement, with_paged_optimizer
+
+        if self.store_dir() is None:
+            return get_placement(self.placement)
+        return with_paged_optimizer(self.placement)
 
     def mesh(self):
         """The FSDP ``Mesh`` of ``--fsdp`` devices, or ``None`` for one device."""

@@ -15,7 +15,6 @@ from .._errors import ConfigError
 from ..placement import (
     abstract_with,
     fetch_params,
-    get_placement,
     jit_step,
     state_shardings,
     streamed_model,
@@ -103,13 +102,14 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     tx = cfg.build_optimizer()
     mesh = cfg.mesh()
-    model_cfg = streamed_model(cfg.model_config(), cfg.placement, mesh)
+    placement = cfg.resolved_placement()
+    model_cfg = streamed_model(cfg.model_config(), placement, mesh)
     ckpts = Checkpoints(out, cfg.keep_checkpoints, tx)
     _prepare_out_dir(cfg, ckpts)
     if cfg.resume:
         start = ckpts.latest_step()
         graphdef, abstract = abstract_state(model_cfg, tx)
-        shardings = state_shardings(get_placement(cfg.placement), abstract, mesh)
+        shardings = state_shardings(placement, abstract, mesh)
         state = ckpts.restore(start, abstract_with(abstract, shardings))
         if ckpts.paged:
             # the store may be ahead of (or elsewhere than) the checkpoint: write it back
@@ -121,12 +121,12 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     t0 = time.perf_counter()
     step_fn, shardings = jit_step(
-        make_train_step(graphdef, tx, cfg.placement), cfg.placement, state, mesh
+        make_train_step(graphdef, tx, placement), placement, state, mesh
     )
     state = jax.device_put(state, shardings)
     step_fn = step_fn.lower(state, *batches(start)).compile()
     compile_s = time.perf_counter() - t0
-    eval_fn = jax.jit(make_loss_fn(graphdef, fetch_params(cfg.placement)))
+    eval_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
 
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
     log = MetricsLog(out / "metrics.jsonl")
