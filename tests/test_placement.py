@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from jaxoff import ConfigError, TrainConfig
+from jaxoff.optim import paged
 from jaxoff.placement import (
     check_export,
     check_placement,
@@ -19,7 +20,6 @@ from jaxoff.placement import (
     streamed_model,
     with_paged_optimizer,
 )
-from jaxoff.optim import paged
 from jaxoff.train._step import init_state, make_train_step
 from models.gpt import CONFIGS, GPTConfig
 

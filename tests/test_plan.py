@@ -188,3 +188,53 @@ def test_cli_plan_then_train(tmp_path, capsys):
     assert cfg["policy"] == pf.policy_spec()
     assert main(["train", "--model", "mini", "--out-dir", str(tmp_path / "r2"), *common]) == 2
     assert "made for model 'tiny'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "params, opt, actions, store, want",
+    [
+        ("device", "device", "mixed", "auto", ("device", "none", None)),
+        ("device", "host", "mixed", "auto", ("host_opt", "none", None)),
+        ("device", "nvme", "mixed", "none", ("device", "auto", None)),
+        ("device", "nvme", "mixed", "/ssd/s", ("device", "/ssd/s", None)),
+        ("host", "nvme", "remat", "auto", ("host_params_stream1", "auto", "full")),
+        ("host", "host", "mixed", "auto", ("host_params", "none", None)),
+        ("nvme", "nvme", "remat", "auto", ("host_params_stream1", "auto", "full")),
+    ],
+)
+def test_plan_homes_map_to_train_options(params, opt, actions, store, want):
+    from jaxoff.plan._planfile import train_homes
+    from jaxoff.plan._profile import CARRY
+
+    names = [n for n in RESIDUAL_NAMES if n != CARRY]
+    acts = [(CARRY, "device")] + [
+        (n, "remat" if actions == "remat" or i % 2 else "offload") for i, n in enumerate(names)
+    ]
+    from jaxoff.plan._cost import Plan
+
+    pf = PlanFile("tiny", {}, 4, 32, Plan(tuple(acts), params, opt), {}, {}, None)
+    changes, notes = train_homes(pf, store)
+    placement, got_store, policy = want
+    assert changes["placement"] == placement
+    assert changes["store"] == got_store
+    assert changes["policy"] == (policy or pf.policy_spec())
+    assert any("NVMe" in n for n in notes) == (params == "nvme")
+    assert any("whole" in n for n in notes) == (placement == "host_params")
+
+
+def test_train_runs_a_plan_with_optimizer_on_nvme(tiny_profile, tmp_path):
+    """A plan that pages the optimizer and streams parameters runs in jaxoff train."""
+    from jaxoff.plan._cost import Plan
+    from jaxoff.train import TrainConfig, train
+
+    acts = tuple((n.name, "device" if n.fixed else "remat") for n in tiny_profile.names)
+    pf = PlanFile("tiny", tiny_profile.model_config, 4, 32, Plan(acts, "host", "nvme"),
+                  preset("rtx4090").to_json(), {}, None)
+    path = pf.save(tmp_path / "p.json")
+    cfg = TrainConfig(model="tiny", batch_size=4, seq_len=32, steps=3, eval_every=0,
+                      ckpt_every=0, progress=False, out_dir=tmp_path / "r", plan=path)
+    got = cfg.validate()
+    assert (got.placement, got.policy, got.store_dir()) == (
+        "host_params_stream1", "full", tmp_path / "r" / "store")
+    result = train(cfg)
+    assert (tmp_path / "r" / "store").is_dir() and len(result.losses) == 3

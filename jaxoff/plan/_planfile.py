@@ -135,18 +135,48 @@ def prediction_json(pred: Prediction) -> dict:
     return d
 
 
-APPLIED_NOTE = (
-    "params/optimizer homes other than 'device' are recorded, not applied: TrainConfig "
-    "has no placement/paging option yet"
-)
+def train_homes(pf: PlanFile, store: str = "auto") -> tuple[dict, list[str]]:
+    """The ``TrainConfig`` fields that realise a plan's homes, and notes on what differs.
+
+    * optimizer states ``device``: ``--store none``; ``host``: a ``host_opt`` /
+      ``host_params*`` placement (update on the host, ZeRO-Offload); ``nvme``: the
+      optimizer paged to disk (``--store``: the one given, else ``auto``).
+    * parameters ``device``; ``host``: streamed one layer ahead
+      (``host_params_stream1``, the planner's cost model) when every residual is
+      recomputed (streaming recomputes each block), else copied whole (``host_params``);
+      ``nvme``: not paged by the trainer, kept in host memory (a note says so).
+    """
+    notes = []
+    params, opt = pf.plan.params, pf.plan.opt
+    if params == "nvme":
+        notes.append("parameters on NVMe are kept in host memory (jaxoff train does not page "
+                     "parameters to disk)")
+        params = "host"
+    from ._profile import CARRY
+
+    all_remat = all(a == "remat" for n, a in pf.plan.actions if n != CARRY)
+    if params == "host":
+        if all_remat:
+            placement, policy = "host_params_stream1", "full"
+        else:
+            placement, policy = "host_params", pf.policy_spec()
+            notes.append("parameters are copied to the device whole (host_params), not "
+                         "streamed: streaming needs every residual recomputed")
+    else:
+        placement, policy = ("host_opt" if opt == "host" else "device"), pf.policy_spec()
+    if opt == "nvme":
+        store = store if store != "none" else "auto"
+    else:
+        store = "none"
+    return {"policy": policy, "placement": placement, "store": store}, notes
 
 
 def apply_plan(cfg):
-    """``TrainConfig`` with the plan of ``cfg.plan`` applied: its remat/offload policy.
+    """``TrainConfig`` with the plan of ``cfg.plan`` applied: its remat/offload policy and
+    the homes of parameters and optimizer states (:func:`train_homes`).
 
-    Checks the plan was made for this model and batch shape. Parameter and optimizer
-    homes are applied through TrainConfig fields when those exist (``param_home``,
-    ``opt_home``); otherwise they are recorded and a note is printed.
+    Checks the plan was made for this model and batch shape; prints what the trainer
+    cannot realise exactly.
     """
     import sys
 
@@ -158,16 +188,9 @@ def apply_plan(cfg):
         param_dtype=cfg.param_dtype,
     )
     pf.check_model(model_cfg, cfg.batch_size, cfg.seq_len)
-    changes = {"policy": pf.policy_spec()}
-    fields = {f.name for f in dataclasses.fields(cfg)}
-    pending = []
-    for home_field, value in (("param_home", pf.plan.params), ("opt_home", pf.plan.opt)):
-        if home_field in fields:
-            changes[home_field] = value
-        elif value != "device":
-            pending.append(f"{home_field}={value}")
-    if pending:
-        print(f"jaxoff train --plan: {', '.join(pending)}: {APPLIED_NOTE}", file=sys.stderr)
+    changes, notes = train_homes(pf, cfg.store)
+    for note in notes:
+        print(f"jaxoff train --plan: {note}", file=sys.stderr)
     return dataclasses.replace(cfg, **changes)
 
 
