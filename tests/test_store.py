@@ -479,3 +479,15 @@ def test_docstring_examples_run():
     for module in (_store, _layout):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0
+
+
+def test_crcs_are_those_of_the_committed_chunks(tmp_path):
+    with PageStore.create(tmp_path / "s", ENTRIES, chunk_bytes=KB4) as store:
+        data = _write_all(store, 3)
+        store.commit()
+        raw = data["opt.mu.w"].reshape(-1).view(np.uint8)
+        want = [crc32c.crc32c(raw[i : i + KB4].tobytes()) for i in range(0, raw.size, KB4)]
+        assert store.crcs("opt.mu.w") == want
+        assert store.crcs("opt.mu.w", store.active_slot) == want
+        with pytest.raises(KeyError, match="no entry 'opt.v'"):
+            store.crcs("opt.v")

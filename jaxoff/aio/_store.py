@@ -227,6 +227,14 @@ class PageStore:
         """The slot that writes for version ``version + 1`` go to."""
         return "B" if self._version % 2 == 0 else "A"
 
+    def crcs(self, name: str, slot: str | None = None) -> list[int]:
+        """The crc32c of each chunk of entry ``name`` in ``slot`` (default: the committed
+        version's slot), as the manifest records them."""
+        if name not in self.entries:
+            raise KeyError(f"page store {self._root} has no entry {name!r}; it holds "
+                           f"{', '.join(self.entries)}")
+        return list(self._crcs[slot or self.active_slot][name])
+
     @property
     def closed(self) -> bool:
         return not self._lock.held

@@ -140,8 +140,7 @@ def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
     store = pager.open_store(plan)
     if store.version == 0:
         raise PageStoreError(f"page store {store.root} holds no committed state; call tx.init")
-    slot = store.active_slot
-    crcs = {name: list(store._crcs[slot][name]) for name in store.entries}  # noqa: SLF001
+    crcs = {name: store.crcs(name) for name in store.entries}
     leaves = plan.params_def.flatten_up_to(params)
     out = []
     for leaf, p in zip(plan.leaves, leaves, strict=True):
