@@ -131,6 +131,8 @@ def test_resident_memory_is_bounded(tmp_path):
     state_bytes = 125_000_000 * 12
     growth = int(peak) - int(base)
     print(f"peak RSS growth {growth / 2**20:.0f} MiB for {state_bytes / 2**30:.2f} GiB of state")
-    # Measured 605 MiB (0.40 of the state): XLA temp buffers; see the report. Bound it at 0.45.
-    assert growth < 0.45 * state_bytes, growth
+    # Measured 534 MiB (0.37 of the state): the staging pool (3 chunks of every entry) and
+    # XLA's per-leaf prologue/epilogue chunk buffers (~75 MiB per leaf at 16 MiB chunks),
+    # which grow with the number of leaves and the chunk size, not with the leaves' size.
+    assert growth < 0.42 * state_bytes, growth
     assert float(w) != 0.5  # the parameters were updated

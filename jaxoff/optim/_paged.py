@@ -326,8 +326,8 @@ class Pager:
 
     def _compute(self, plan, leaf, g_flat, p_flat, inner_ram, extra, apply, i, n, chunks):
         start = i * leaf.chunk_elems
-        g = lax.dynamic_slice(g_flat, (start,), (n,))
-        p_ram = lax.dynamic_slice(p_flat, (start,), (n,))
+        g = _slice_bits(g_flat, start, n)
+        p_ram = _slice_bits(p_flat, start, n)
         entries = [plan.entries[k] for k in leaf.entries]
         chunks = [x.astype(e.dtype) for e, x in zip(entries, chunks, strict=True)]
         p_in, states = (chunks[0], chunks[1:]) if leaf.master else (p_ram, chunks)
@@ -360,6 +360,20 @@ class Pager:
         new = store.commit({n: np.asarray(c, np.uint32).reshape(-1)
                             for n, c in zip(names, crcs, strict=True)})
         return np.asarray(new, np.int32)
+
+
+def _slice_bits(flat: jax.Array, start, n: int) -> jax.Array:
+    """``flat[start:start + n]``, sliced as raw bits for 16-bit floats.
+
+    XLA's CPU backend upcasts bfloat16 ops to float32; a bfloat16 slice inside the chunk
+    loop becomes a slice of the whole leaf converted to float32, which loop-invariant code
+    motion then hoists out of the loop: a float32 copy of every gradient leaf at once.
+    Slicing the bits as uint16 keeps the loop's temporaries at chunk size.
+    """
+    if flat.dtype.itemsize != 2 or not jnp.issubdtype(flat.dtype, jnp.floating):
+        return lax.dynamic_slice(flat, (start,), (n,))
+    bits = lax.bitcast_convert_type(flat, jnp.uint16)
+    return lax.bitcast_convert_type(lax.dynamic_slice(bits, (start,), (n,)), flat.dtype)
 
 
 def exact_delta(new: jax.Array, old: jax.Array) -> jax.Array:
