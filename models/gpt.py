@@ -109,6 +109,13 @@ class GPTConfig:
             device memory (``jax.memory.Space.Device``, sharding unchanged); otherwise
             anything ``jax.device_put`` accepts (e.g. a replicated ``NamedSharding`` with
             ``memory_kind="device"``, which also all-gathers FSDP-sharded parameters).
+        split_layers: ``0`` runs every layer under ``policy``. ``n >= 1`` splits the layer
+            scan in two: the first ``n`` layers run under ``split_policy`` and the other
+            ``num_layers - n`` under ``policy``, each part a scan of its own (one block per
+            remat unit). This is how TransformerEngine-style activation offload of the
+            first ``n`` layers is expressed (their activations wait longest for backward).
+        split_policy: the remat policy of the first ``split_layers`` layers (same spellings
+            as ``policy``).
     """
 
     num_layers: int
@@ -124,6 +131,8 @@ class GPTConfig:
     remat_every: int = 1
     stream_window: int = 0
     stream_to: Any = None
+    split_layers: int = 0
+    split_policy: PolicySpec = None
 
     def __post_init__(self):
         if self.num_layers < 1 or self.d_model < 1 or self.num_heads < 1 or self.d_ff < 1:
@@ -150,9 +159,22 @@ class GPTConfig:
                 f"stream_window={self.stream_window} streams one block per layer step and "
                 f"cannot be combined with remat_every={self.remat_every}"
             )
-        if isinstance(self.policy, str) and not hasattr(jax.checkpoint_policies, self.policy):
+        for field in ("policy", "split_policy"):
+            value = getattr(self, field)
+            if isinstance(value, str) and not hasattr(jax.checkpoint_policies, value):
+                raise ValueError(
+                    f"{field}={value!r} is not an attribute of jax.checkpoint_policies"
+                )
+        if not 0 <= self.split_layers <= self.num_layers:
             raise ValueError(
-                f"policy={self.policy!r} is not an attribute of jax.checkpoint_policies"
+                f"split_layers={self.split_layers} must be between 0 (off) and "
+                f"num_layers={self.num_layers}"
+            )
+        if self.split_layers and (self.stream_window or self.remat_every != 1):
+            raise ValueError(
+                f"split_layers={self.split_layers} runs two scans of one block per remat "
+                f"unit; it cannot be combined with stream_window={self.stream_window} or "
+                f"remat_every={self.remat_every}"
             )
 
     @property
@@ -331,6 +353,11 @@ class GPT(nnx.Module):
         x = x.astype(cfg.compute_dtype)
         if cfg.stream_window:
             x = stream_blocks(self.blocks, x, window=cfg.stream_window, to=cfg.stream_to)
+        elif cfg.split_layers:
+            head, tail = split_blocks(self.blocks, cfg.split_layers)
+            x = scan_blocks(head, x, policy=cfg.split_policy, unroll=cfg.scan_unroll)
+            if tail is not None:
+                x = scan_blocks(tail, x, policy=cfg.policy, unroll=cfg.scan_unroll)
         else:
             x = scan_blocks(
                 self.blocks,
@@ -340,6 +367,17 @@ class GPT(nnx.Module):
                 remat_every=cfg.remat_every,
             )
         return self.head(self.final_norm(x)).astype(jnp.float32)
+
+
+def split_blocks(blocks: Block, n: int) -> tuple[Block, Block | None]:
+    """The stacked ``blocks`` as two stacks: layers ``[0, n)`` and ``[n, L)`` (``None``
+    when ``n == L``). Slices of the parameters, so gradients flow back to the stack."""
+    graphdef, state = nnx.split(blocks)
+    num_layers = jax.tree.leaves(state)[0].shape[0]
+    head = nnx.merge(graphdef, jax.tree.map(lambda a: a[:n], state))
+    if n == num_layers:
+        return head, None
+    return head, nnx.merge(graphdef, jax.tree.map(lambda a: a[n:], state))
 
 
 def scan_blocks(

@@ -1,6 +1,7 @@
 // jaxoff._ffi: the XLA FFI targets (as PyCapsules) and the Python face of the I/O engine.
 #include <nanobind/nanobind.h>
 
+#include "adamw_kernel.h"
 #include "page_handlers.h"
 #include "py_engine.h"
 #include "smoke_handlers.h"
@@ -24,6 +25,7 @@ NB_MODULE(_ffi, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["jaxoff_copy"] = EncapsulateHandler(h::CopyHandler);
+    d["jaxoff_adamw"] = EncapsulateHandler(h::AdamWHandler);
     nb::dict page_in, page_out;
     page_in["instantiate"] = EncapsulateHandler(h::PageInInstantiate);
     page_in["execute"] = EncapsulateHandler(h::PageInExecute);

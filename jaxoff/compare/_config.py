@@ -35,6 +35,14 @@ class CompareConfig:
         placements: comma-separated ``jaxoff.placement`` presets (device, host_opt,
             host_opt_xfer, host_params, host_params_stream<N>); every policy is measured
             under every placement (streaming placements only with the ``full`` policy).
+        strategies: comma-separated ``jaxoff.strategies`` names, or ``all``; replaces
+            --policies/--placements: each strategy is planned for this model and batch,
+            compiled, and run unless it needs more than --device-mem on the device.
+        device_mem: device memory budget for --strategies (e.g. 1.5GiB, 800MiB):
+            budgeted strategies plan under it, and a strategy whose compiled step needs
+            more is listed with the reason instead of run.
+        hardware: ``jaxoff plan`` hardware preset whose speeds the budgeted strategies
+            plan with (recompute vs transfer).
     """
 
     model: str = "tiny"
@@ -48,6 +56,21 @@ class CompareConfig:
     isolate: bool = True
     seed: int = 0
     placements: str = "device"
+    strategies: str = ""
+    device_mem: str | None = None
+    hardware: str = "a100-40"
+
+    def strategy_list(self) -> list[str]:
+        """The strategy names, in order (``all``: every registered one)."""
+        from ..strategies import STRATEGIES
+
+        names = [s.strip() for s in self.strategies.split(",") if s.strip()]
+        return list(STRATEGIES) if names == ["all"] else names
+
+    def device_mem_bytes(self) -> float | None:
+        from ..plan._hardware import parse_size
+
+        return None if self.device_mem is None else parse_size(self.device_mem)
 
     def placement_list(self) -> list[str]:
         return [p.strip() for p in self.placements.split(",") if p.strip()]
@@ -87,6 +110,8 @@ class CompareConfig:
                 f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
                 f"{CONFIGS[self.model].max_seq_len}"
             )
+        if self.strategies.strip():
+            return self._validate_strategies()
         specs = self.policy_list()
         if not specs:
             raise ConfigError("--policies is empty; give e.g. none,full,selective")
@@ -103,5 +128,28 @@ class CompareConfig:
             raise ConfigError(
                 "--placements: streaming placements run with the full policy only; "
                 "add full to --policies"
+            )
+        return self
+
+    def _validate_strategies(self) -> CompareConfig:
+        from ..plan import HARDWARE_PRESETS
+        from ..strategies import get_strategy
+
+        names = self.strategy_list()
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--strategies lists a strategy twice: {self.strategies}")
+        for name in names:
+            get_strategy(name)  # raises ConfigError listing the valid names
+        if self.device_mem is not None:
+            try:
+                if self.device_mem_bytes() <= 0:
+                    raise ValueError
+            except (ValueError, ConfigError):
+                raise ConfigError(
+                    f"--device-mem {self.device_mem!r} is not a positive size (e.g. 1.5GiB)"
+                ) from None
+        if self.hardware not in HARDWARE_PRESETS:
+            raise ConfigError(
+                f"--hardware {self.hardware!r}: choose one of {', '.join(HARDWARE_PRESETS)}"
             )
         return self

@@ -40,6 +40,8 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     from ._measure import measure_isolated, measure_policy, model_config, step_flops
 
     console = console or Console()
+    if cfg.strategies.strip():
+        return compare_strategies(cfg, console)
     runs = cfg.runs()
     measure = measure_isolated if cfg.isolate else measure_policy
     rows = []
@@ -129,4 +131,83 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
 
         bad = [r["policy"] for r in rows if not r["export_ok"]]
         raise JaxoffError(f"host placement in the cuda/tpu export is wrong for {bad}")
+    return rows
+
+
+def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
+    """``jaxoff compare --strategies``: plans, compiles and runs each strategy; writes
+    compare.{csv,json,md,png} to ``cfg.out_dir``. Returns every row (measured first,
+    then those not run, each with its ``status``).
+
+    Example:
+        >>> from jaxoff.compare import CompareConfig, compare
+        >>> rows = compare(CompareConfig(model="tiny", strategies="all",  # doctest: +SKIP
+        ...                              device_mem="30MiB", batch_size=2, seq_len=16))
+    """
+    from models.gpt import CONFIGS
+
+    from ..policy import apply_policy
+    from ._strategies import baseline_flops, strategy_rows
+
+    console = console or Console()
+    names = cfg.strategy_list()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("compare", total=len(names) + 1)
+        progress.update(task, description="baseline FLOPs (none)")
+        baseline = baseline_flops(
+            apply_policy(CONFIGS[cfg.model], "none"), cfg.batch_size, cfg.seq_len
+        )
+        progress.advance(task)
+        measured, skipped = strategy_rows(cfg, console, progress, task)
+        progress.update(task, description="done")
+    _report.finish_rows(measured, baseline, x="device_bytes")
+    for r in skipped:
+        if "flops" in r:
+            r["recompute_overhead"] = r["flops"] / baseline - 1.0
+    budget = cfg.device_mem_bytes()
+    title = (
+        f"jaxoff compare --strategies: model {cfg.model}, batch {cfg.batch_size}, seq "
+        f"{cfg.seq_len}, device budget "
+        f"{'none' if budget is None else f'{budget / _report.MiB:,.0f} MiB'}, "
+        f"{cfg.steps} timed steps"
+    )
+    columns = _report.STRATEGY_COLUMNS
+    if measured:
+        console.print(_report.table(measured, title, columns))
+    for r in skipped:
+        console.print(f"  not run: {r['strategy']}: {r['status']}")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "model": cfg.model,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "steps": cfg.steps,
+        "warmup": cfg.warmup,
+        "isolate": cfg.isolate,
+        "device_mem": budget,
+        "hardware": cfg.hardware,
+        "baseline_flops": baseline,
+    }
+    rows = measured + skipped
+    _report.write_csv(rows, out / "compare.csv")
+    _report.write_json(measured, meta, out / "compare.json", key="strategies", not_run=skipped)
+    if measured:
+        _report.plot(measured, out / "compare.png", title, x="device_bytes", budget=budget)
+    md = _report.markdown(measured, columns) if measured else ""
+    md += "".join(f"\n\nnot run: {r['strategy']}: {r['status']}" for r in skipped)
+    (out / "compare.md").write_text(md.strip() + "\n")
+    console.print(f"wrote {out / 'compare.csv'}, compare.json, compare.md, compare.png")
+    bad = [r["strategy"] for r in measured if r.get("export_ok") is False]
+    if cfg.check_export and bad:
+        from .._errors import JaxoffError
+
+        raise JaxoffError(f"placement/offload in the cuda export is wrong for {bad}")
     return rows

@@ -1,9 +1,13 @@
-"""Paged optimizers: optax state and fp32 master weights in a page store, updated chunk by chunk."""
+"""Paged optimizers: optax state and fp32 master weights in a page store, updated chunk by chunk;
+and `fused_adamw`, optax.adamw as one fused C++ pass."""
 
 from ._checkpoint import load_state as load_state
 from ._checkpoint import restore_paged as restore_paged
 from ._checkpoint import save_paged as save_paged
 from ._checks import NotElementwiseError as NotElementwiseError
+from ._fused import FusedAdamW as FusedAdamW
+from ._fused import FusedAdamWState as FusedAdamWState
+from ._fused import fused_adamw as fused_adamw
 from ._paged import DEFAULT_CHUNK_BYTES as DEFAULT_CHUNK_BYTES
 from ._paged import PagedState as PagedState
 from ._paged import PagedTransformation as PagedTransformation
@@ -12,9 +16,12 @@ from ._paged import update_and_apply as update_and_apply
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "FusedAdamW",
+    "FusedAdamWState",
     "NotElementwiseError",
     "PagedState",
     "PagedTransformation",
+    "fused_adamw",
     "load_state",
     "paged",
     "restore_paged",

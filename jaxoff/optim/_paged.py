@@ -116,7 +116,12 @@ def update_and_apply(tx: optax.GradientTransformation, grads: Any, opt_state: An
     Prefer it to ``tx.update`` + ``apply_updates`` for paged optimizers: for float32
     parameters the updates ``new - old`` cannot always reproduce the fused result in the last
     bit (when an update is much larger than the new value), and they cost 4 bytes/parameter.
+    A `fused_adamw` updates the parameters in one pass (in place when they are donated).
     """
+    from jaxoff.optim._fused import FusedAdamW  # local: keeps the fused path to these lines
+
+    if isinstance(tx, FusedAdamW):
+        return tx.apply(grads, opt_state, params)
     if isinstance(tx, PagedTransformation):
         return tx.pager.apply(grads, opt_state, params, **extra_args)
     members = chain_members(tx, flatten=False)

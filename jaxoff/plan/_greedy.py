@@ -32,9 +32,15 @@ def _moves(prof: Profile, plan: Plan, allowed):
 
 
 def greedy(
-    prof: Profile, hw: Hardware, *, allowed=None, cpu_lowering: bool = False
+    prof: Profile, hw: Hardware, *, allowed=None, cpu_lowering: bool = False, actions=None
 ) -> tuple[Plan, Prediction] | tuple[None, None]:
-    """The greedy plan and its prediction, or ``(None, None)`` if it finds none that fits."""
+    """The greedy plan and its prediction, or ``(None, None)`` if it finds none that fits.
+
+    ``actions`` restricts every name to those actions (e.g. ``("device", "remat")``).
+    """
+    from ._solver import restrict
+
+    allowed = restrict(prof, allowed, actions)
     opts = choices(prof, allowed)
     start = {n: ("device" if "device" in o else o[0]) for n, o in opts.items()}
     plan = Plan.from_actions(prof, start)

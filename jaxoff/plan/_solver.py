@@ -190,6 +190,22 @@ def _solve(prof, hw, allowed, homes, cpu_lowering, objective: str, budgets: set[
     return plan, value
 
 
+def restrict(prof: Profile, allowed=None, actions=None):
+    """``allowed`` narrowed so that every free name picks among ``actions`` only
+    (``("device", "remat")``: Checkmate's problem, no offload); ``None`` leaves it."""
+    if actions is None:
+        return allowed
+    unknown = [a for a in actions if a not in ACTIONS]
+    if unknown or not actions:
+        raise ConfigError(f"actions {tuple(actions)!r}: choose among {', '.join(ACTIONS)}")
+    allowed = dict(allowed or {})
+    return {
+        n.name: tuple(a for a in allowed.get(n.name, ACTIONS) if a in actions)
+        for n in prof.names
+        if not n.fixed
+    }
+
+
 def solve(
     prof: Profile,
     hw: Hardware,
@@ -197,6 +213,7 @@ def solve(
     allowed=None,
     homes=None,
     cpu_lowering: bool = False,
+    actions=None,
 ) -> Plan:
     """The plan of least predicted step time that fits ``hw``'s budgets.
 
@@ -206,6 +223,7 @@ def solve(
         allowed: ``{name: actions}`` to narrow some names' choices.
         homes: ``(params, opt)`` pairs to consider (default: all nine).
         cpu_lowering: count offloaded residuals on device (XLA's CPU backend).
+        actions: the only actions any name may take (e.g. ``("device", "remat")``).
 
     Raises:
         InfeasibleError: with the smallest device (or host, disk) budget that fits.
@@ -214,15 +232,19 @@ def solve(
         >>> from jaxoff.plan import profile, preset, solve  # doctest: +SKIP
         >>> plan = solve(profile(cfg, 8, 1024), preset("rtx4090"))  # doctest: +SKIP
     """
+    allowed = restrict(prof, allowed, actions)
     plan, _ = _solve(prof, hw, allowed, homes, cpu_lowering, "time", {"dev", "host", "disk"})
     if plan is not None:
         return plan
     raise InfeasibleError(_infeasible_message(prof, hw, allowed, homes, cpu_lowering))
 
 
-def smallest_budget(prof, hw, tier: str, *, allowed=None, homes=None, cpu_lowering=False):
+def smallest_budget(
+    prof, hw, tier: str, *, allowed=None, homes=None, cpu_lowering=False, actions=None
+):
     """Least bytes of ``tier`` (``dev``, ``host``, ``disk``) any plan needs, the other
     budgets held; ``None`` if none fits even then."""
+    allowed = restrict(prof, allowed, actions)
     others = {"dev", "host", "disk"} - {tier}
     _, value = _solve(prof, hw, allowed, homes, cpu_lowering, tier, others)
     return None if value is None else value * GIB

@@ -1,0 +1,567 @@
+"""Largest GPT that trains on this machine: paged AdamW (jaxoff) versus plain flax + optax AdamW.
+
+Every probe runs in a child process of its own (``python bench/capacity.py --child ...``), so
+each has its own peak RSS and an OOM kill never takes down the search. A probe builds the
+model, runs ``--steps`` real training steps (batch ``--batch-size`` x ``--seq-len`` random
+byte tokens, full remat ``nothing_saveable``, layers scanned, state donated) and reports
+parameters, peak RSS (``ru_maxrss`` of the child from ``os.wait4``), step times, whether the
+losses were finite, the bytes of the page store on disk and the training-state bytes
+(parameters + gradients + optimizer moments + master weights, at their dtypes).
+
+Modes:
+  plain       flax NNX GPT, fp32 parameters, ``optax.adamw``: all in RAM (16 B/param).
+  plain-bf16  bf16 parameters and gradients in RAM, fp32 masters and fp32 moments in RAM
+              (mixed precision without paging: 2 + 2 + 12 = 16 B/param).
+  paged       bf16 parameters and gradients in RAM, ``jaxoff.optim.paged(optax.adamw)`` with
+              fp32 masters and moments in a page store under ``--store-dir`` (2 slots x
+              12 B/param on disk), stepped with ``jaxoff.optim.update_and_apply``.
+
+Sizes: GPT-2 shapes (``d_ff = 4 d_model``, head dim 128, learned positions, 256-byte vocab)
+at a fixed width ``--d-model`` (default 2048, as in the 1.21B baseline of
+shared/JAX-ON-CPU.md); a size is its number of layers, so sizes step by one block
+(12 d^2 + 13 d parameters, 50.4M at d = 2048). The search per mode starts at ``--start``
+(a parameter count, rounded to layers), walks up or down by ``--grow`` until it has a fitting
+and a failing size, then bisects on layers. A probe fits when it finishes its steps with
+finite losses and its RSS stays below ``--mem-limit-gib`` (enforced in the child by a psutil
+watchdog thread that also stops it when the machine has under ``--min-available-gib`` left,
+so it never gets to the kernel OOM killer). Paged sizes whose store would not fit the free
+disk of ``--store-dir`` (minus ``--disk-reserve-gib``) are not run: they are "disk-bound".
+
+    python bench/capacity.py --modes plain paged --out capacity.json
+    python bench/capacity.py --mem-limit-gib 3 --d-model 1024 --steps 2   # quick validation
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+GIB = 1 << 30
+MODES = ("plain", "plain-bf16", "paged")
+STORE_BYTES_PER_PARAM = 12  # fp32 master + mu + nu, per slot
+SLOTS = 2
+_PHASE = ["start"]  # what the child is doing, for the watchdog's verdict
+
+
+# ----------------------------------------------------------------------------- sizes
+
+
+def model_config(num_layers: int, d_model: int, seq_len: int, mode: str):
+    """GPT-2-shaped config of ``num_layers`` blocks of width ``d_model`` for ``mode``."""
+    from models.gpt import GPTConfig
+
+    bf16 = mode in ("paged", "plain-bf16")
+    dtype = "bfloat16" if bf16 else "float32"
+    return GPTConfig(
+        num_layers=num_layers,
+        d_model=d_model,
+        num_heads=max(1, d_model // 128),
+        d_ff=4 * d_model,
+        max_seq_len=max(seq_len, 1024),
+        dtype=dtype,
+        param_dtype=dtype,
+        policy="nothing_saveable",
+    )
+
+
+def num_params(num_layers: int, d_model: int, seq_len: int) -> int:
+    return model_config(num_layers, d_model, seq_len, "plain").num_params()
+
+
+def layers_for(params: float, d_model: int, seq_len: int) -> int:
+    """Fewest layers whose model has at least ``params`` parameters (at least 1)."""
+    base = num_params(1, d_model, seq_len)
+    per_layer = num_params(2, d_model, seq_len) - base
+    return max(1, math.ceil((params - base) / per_layer) + 1)
+
+
+def state_bytes_per_param(mode: str) -> dict[str, int]:
+    """Training-state bytes per parameter, by part."""
+    if mode == "plain":
+        return {"params": 4, "grads": 4, "moments": 8, "masters": 0}
+    return {"params": 2, "grads": 2, "moments": 8, "masters": 4}
+
+
+def store_bytes(n_params: int, mode: str) -> int:
+    """Disk the page store needs (both slots, chunk padding ignored)."""
+    return SLOTS * STORE_BYTES_PER_PARAM * n_params if mode == "paged" else 0
+
+
+# ----------------------------------------------------------------------------- child
+
+
+def _rss_watchdog(limit: int, min_available: int, result_path: Path, peak: list[int],
+                  by_phase: dict[str, float]):
+    """Polls RSS every 20 ms; over the limit (or the machine nearly out of memory) it writes
+    the verdict to ``result_path`` and ends the process with exit status 3."""
+    import psutil
+
+    proc = psutil.Process()
+    while True:
+        rss = proc.memory_info().rss
+        peak[0] = max(peak[0], rss)
+        by_phase[_PHASE[0]] = max(by_phase.get(_PHASE[0], 0.0), round(rss / GIB, 3))
+        avail = psutil.virtual_memory().available
+        why = None
+        if rss > limit:
+            why = (f"over-limit (RSS {rss / GIB:.2f} GiB > {limit / GIB:.2f} GiB, "
+                   f"in {_PHASE[0]})")
+        elif avail < min_available:
+            why = (f"machine out of memory ({avail / GIB:.2f} GiB available, RSS "
+                   f"{rss / GIB:.2f} GiB, in {_PHASE[0]})")
+        if why:
+            try:
+                result_path.write_text(json.dumps({"status": "killed", "why": why,
+                                                   "watchdog_peak_rss": peak[0],
+                                                   "peak_rss_gib_in": by_phase}))
+            finally:
+                os._exit(3)
+        time.sleep(0.02)
+
+
+def _build_params(cfg):
+    """``(graphdef, params)`` with GPT-2 initialisation done leaf by leaf, and stacked block
+    leaves one layer at a time into a donated buffer: init temporaries stay one layer's size
+    (a whole-model jitted init peaks far above the parameters and would be measured)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from models.gpt import GPT
+
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    out_std = 0.02 / math.sqrt(2 * cfg.num_layers)
+    keys = iter(jax.random.split(jax.random.key(0), 4096))
+
+    @functools.partial(jax.jit, static_argnums=(1, 2, 3))
+    def normal(key, shape, dtype, std):
+        return (jax.random.normal(key, shape, jnp.float32) * std).astype(dtype)
+
+    @functools.partial(jax.jit, static_argnums=(3,), donate_argnums=0)
+    def set_layer(buf, i, key, std):
+        x = normal(key, buf.shape[1:], buf.dtype, std)
+        return jax.lax.dynamic_update_index_in_dim(buf, x, i, 0)
+
+    def fill(path, sds):
+        name = jax.tree_util.keystr(path)
+        if "['scale']" in name:
+            return jnp.ones(sds.shape, sds.dtype)
+        if "['bias']" in name:
+            return jnp.zeros(sds.shape, sds.dtype)
+        std = out_std if ("['out']" in name or "['down']" in name) else 0.02
+        if "['blocks']" not in name:
+            return normal(next(keys), sds.shape, sds.dtype, std)
+        buf = jnp.zeros(sds.shape, sds.dtype)
+        for i in range(sds.shape[0]):
+            buf = set_layer(buf, i, next(keys), std)
+        return buf
+
+    return graphdef, jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+def run_probe(mode: str, num_layers: int, d_model: int, seq_len: int, batch_size: int,
+              steps: int, store_dir: str | None, lr: float = 1e-4) -> dict:
+    """Builds the model of ``mode``, runs ``steps`` train steps in this process; returns the
+    record (without peak RSS, which the parent takes from ``wait4``)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    cfg = model_config(num_layers, d_model, seq_len, mode)
+    rec: dict = {"mode": mode, "num_layers": num_layers, "d_model": d_model,
+                 "seq_len": seq_len, "batch_size": batch_size, "params": cfg.num_params()}
+    import psutil
+
+    rss_at: dict[str, float] = {}
+    rec["rss_gib_after"] = rss_at
+
+    def phase(name: str) -> None:  # RSS at the end of the previous phase
+        rss_at[_PHASE[0]] = round(psutil.Process().memory_info().rss / GIB, 3)
+        _PHASE[0] = name
+
+    t0 = time.perf_counter()
+    phase("model init")
+    graphdef, params = _build_params(cfg)
+    phase("optimizer init")
+    n = sum(x.size for x in jax.tree.leaves(params))
+    assert n == rec["params"], (n, rec["params"])
+
+    def loss_fn(p, x, y):
+        logits = nnx.merge(graphdef, p)(x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    tx = None
+    if mode == "plain":
+        tx = optax.adamw(lr)
+        state = (params, tx.init(params))
+
+        def step(state, x, y):
+            p, s = state
+            loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+            u, s = tx.update(g, s, p)
+            return (optax.apply_updates(p, u), s), loss
+
+    elif mode == "plain-bf16":
+        tx = optax.adamw(lr)
+        masters = jax.jit(lambda p: jax.tree.map(lambda a: a.astype(jnp.float32), p))(params)
+        state = (params, masters, tx.init(masters))
+
+        def step(state, x, y):
+            p, m, s = state
+            loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+            g = jax.tree.map(lambda a: a.astype(jnp.float32), g)
+            u, s = tx.update(g, s, m)
+            m = optax.apply_updates(m, u)
+            return (jax.tree.map(lambda a, b: a.astype(b.dtype), m, p), m, s), loss
+
+    elif mode == "paged":
+        from jaxoff.optim import paged, update_and_apply
+
+        tx = paged(optax.adamw(lr), store_dir)
+        state = (params, tx.init(params))
+
+        def step(state, x, y):
+            p, s = state
+            loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+            return update_and_apply(tx, g, s, p), loss
+
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    del params
+    rec["init_s"] = time.perf_counter() - t0
+
+    rng = np.random.default_rng(0)
+
+    def batch():
+        toks = rng.integers(0, 256, (batch_size, seq_len + 1), dtype=np.int32)
+        return jnp.asarray(toks[:, :-1]), jnp.asarray(toks[:, 1:])
+
+    phase("compile")
+    t0 = time.perf_counter()
+    step_fn = jax.jit(step, donate_argnums=0).lower(state, *batch()).compile()
+    rec["compile_s"] = time.perf_counter() - t0
+    losses, times = [], []
+    try:
+        for i in range(steps):
+            phase(f"step {i + 1}")
+            x, y = batch()
+            t = time.perf_counter()
+            state, loss = step_fn(state, x, y)
+            losses.append(float(loss))
+            times.append(time.perf_counter() - t)
+        phase("done")
+        rec["store_bytes_on_disk"] = _du(store_dir) if mode == "paged" else 0
+    finally:
+        if hasattr(tx, "close"):
+            tx.close()
+    rec.update(losses=losses, step_s=times, loss_finite=all(map(math.isfinite, losses)))
+    return rec
+
+
+def _du(path: str | None) -> int:
+    """Bytes allocated on disk under ``path`` (blocks, not apparent sizes)."""
+    total = 0
+    for root, _, files in os.walk(path or "."):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def child_main(a: argparse.Namespace) -> None:
+    result_path = Path(a.result)
+    peak, by_phase = [0], {}
+    threading.Thread(target=_rss_watchdog, daemon=True,
+                     args=(int(a.mem_limit_gib * GIB), int(a.min_available_gib * GIB),
+                           result_path, peak, by_phase)).start()
+    try:
+        rec = run_probe(a.mode, a.layers, a.d_model, a.seq_len, a.batch_size, a.steps,
+                        a.store_dir)
+        rec["status"] = "ok"
+    except BaseException as e:  # report any crash as the probe's outcome
+        rec = {"status": "error", "why": f"{type(e).__name__}: {str(e)[:300]}"}
+    rec["watchdog_peak_rss"] = peak[0]
+    rec["peak_rss_gib_in"] = by_phase
+    result_path.write_text(json.dumps(rec))
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown of a large JAX state
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128,
+          batch_size: int = 1, steps: int = 3, mem_limit_gib: float | None = None,
+          min_available_gib: float = 0.75, store_dir: str | None = None,
+          disk_reserve_gib: float = 4.0, timeout_s: float = 1800.0) -> dict:
+    """Runs one probe in a child process and returns its record (see the module doc).
+
+    ``fits`` is True when the child finished every step with finite losses within the
+    memory limit; ``why`` says otherwise. Paged store files are removed afterwards.
+    """
+    import psutil
+
+    if mem_limit_gib is None:
+        mem_limit_gib = psutil.virtual_memory().total / GIB - 1.0
+    n_params = num_params(num_layers, d_model, seq_len)
+    per = state_bytes_per_param(mode)
+    rec: dict = {
+        "mode": mode, "num_layers": num_layers, "d_model": d_model, "params": n_params,
+        "seq_len": seq_len, "batch_size": batch_size, "steps": steps,
+        "mem_limit_gib": mem_limit_gib,
+        "state_bytes": sum(per.values()) * n_params,
+        "state_bytes_by_part": {k: v * n_params for k, v in per.items()},
+        "store_bytes_needed": store_bytes(n_params, mode),
+    }
+    root = Path(store_dir or tempfile.gettempdir())
+    root.mkdir(parents=True, exist_ok=True)
+    if mode == "paged":
+        free = shutil.disk_usage(root).free
+        rec["disk_free"] = free
+        if rec["store_bytes_needed"] > free - disk_reserve_gib * GIB:
+            rec.update(fits=False, status="skipped",
+                       why=f"disk-bound (store {rec['store_bytes_needed'] / 1e9:.1f} GB > "
+                           f"{free / 1e9:.1f} GB free - {disk_reserve_gib:g} GiB reserve)")
+            return rec
+    work = Path(tempfile.mkdtemp(prefix="capacity-probe-", dir=root))
+    result = work / "result.json"
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
+           "--layers", str(num_layers), "--d-model", str(d_model), "--seq-len", str(seq_len),
+           "--batch-size", str(batch_size), "--steps", str(steps),
+           "--mem-limit-gib", str(mem_limit_gib), "--min-available-gib", str(min_available_gib),
+           "--store-dir", str(work / "store"), "--result", str(result)]
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    t0 = time.perf_counter()
+    log = work / "child.log"
+    try:
+        with open(log, "w") as out:
+            child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    child.kill()
+                    pid, status, usage = os.wait4(child.pid, 0)
+                    break
+                time.sleep(0.2)
+            child.returncode = os.waitstatus_to_exitcode(status)
+        rec["wall_s"] = time.perf_counter() - t0
+        rec["returncode"] = child.returncode
+        rec["peak_rss"] = usage.ru_maxrss * 1024  # KiB on Linux
+        got = json.loads(result.read_text()) if result.exists() else {}
+        for k in ("params", "mode", "num_layers"):
+            got.pop(k, None)
+        rec.update(got)
+        rec["peak_rss"] = max(rec["peak_rss"], got.get("watchdog_peak_rss", 0))
+        if child.returncode < 0 and not got:
+            rec["status"] = "killed"
+            rec["why"] = ("timeout" if rec["wall_s"] >= timeout_s else
+                          f"killed by signal {-child.returncode} (OOM killer?)")
+        elif not got:
+            tail = log.read_text()[-400:] if log.exists() else ""
+            rec.update(status="error", why=f"exit {child.returncode}: {tail}")
+        fits = rec.get("status") == "ok" and rec.get("loss_finite", False)
+        if rec.get("status") == "ok" and not rec.get("loss_finite", False):
+            rec["why"] = "non-finite loss"
+        if fits and rec["peak_rss"] > mem_limit_gib * GIB:
+            fits, rec["why"] = False, "peak RSS over the limit"
+        rec["fits"] = fits
+        if fits:
+            rec["why"] = "fits"
+        rec["rss_over_state"] = rec["peak_rss"] / rec["state_bytes"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rec
+
+
+def search(mode: str, start_params: float, *, max_probes: int, grow: float, d_model: int,
+           seq_len: int, on_probe, **kw) -> list[dict]:
+    """Largest fitting size of ``mode``: walk from ``start_params`` by ``grow`` to bracket it,
+    then bisect on layers. Paged sizes above the disk's capacity are clipped to it."""
+    records: dict[int, dict] = {}
+
+    def run(layers: int) -> bool:
+        if layers not in records:
+            records[layers] = probe(mode, layers, d_model=d_model, seq_len=seq_len, **kw)
+            on_probe(records[layers])
+        return records[layers]["fits"]
+
+    lo, hi = 0, None  # largest known fit, smallest known failure (layers)
+    if mode == "paged":  # the disk caps the size: never probe (or bracket) above it
+        root = kw.get("store_dir") or tempfile.gettempdir()
+        free = shutil.disk_usage(root).free - kw.get("disk_reserve_gib", 4.0) * GIB
+        cap = layers_for(free / (SLOTS * STORE_BYTES_PER_PARAM), d_model, seq_len)
+        while cap > 1 and store_bytes(num_params(cap, d_model, seq_len), mode) > free:
+            cap -= 1
+        hi = cap + 1
+        run(hi)  # recorded as skipped: "disk-bound"
+        if records[hi]["fits"]:  # free disk changed under us; fall back to walking
+            hi = None
+    layers = layers_for(start_params, d_model, seq_len)
+    if hi is not None:
+        layers = min(layers, hi - 1)
+    probes = 0
+    while probes < max_probes:
+        if hi is not None and hi - lo <= 1:
+            break
+        if lo and hi is not None:
+            layers = (lo + hi) // 2
+        probes += 1
+        if run(layers):
+            lo = layers
+            nxt = max(layers + 1, int(layers * grow))
+            layers = nxt if hi is None else min(nxt, hi - 1)
+        else:
+            hi = layers
+            if layers == 1:
+                break
+            layers = max(1, min(layers - 1, int(layers / grow))) if not lo else layers
+    return sorted(records.values(), key=lambda r: r["num_layers"])
+
+
+def _fmt_gib(b) -> str:
+    return "-" if b is None else f"{b / GIB:.2f}"
+
+
+def render(records: list[dict], console) -> None:
+    from rich.table import Table
+
+    t = Table(title="GPT capacity probes (peak RSS of each child; state = params + grads + "
+                    "moments + masters)")
+    for col in ("mode", "layers", "params", "peak RSS GiB", "state GiB", "RSS/state",
+                "store GB (disk)", "init s", "compile s", "step s", "loss", "fits / why not"):
+        t.add_column(col, justify="left" if col in ("mode", "fits / why not") else "right")
+    for r in records:
+        steps = r.get("step_s") or []
+        t.add_row(
+            r["mode"], str(r["num_layers"]), f"{r['params'] / 1e9:.3f}B",
+            _fmt_gib(r.get("peak_rss")), _fmt_gib(r["state_bytes"]),
+            f"{r['rss_over_state']:.3f}" if "rss_over_state" in r else "-",
+            (f"{r['store_bytes_on_disk'] / 1e9:.1f}" if r.get("store_bytes_on_disk")
+             else (f"({r['store_bytes_needed'] / 1e9:.1f})" if r["store_bytes_needed"] else "-")),
+            f"{r['init_s']:.0f}" if "init_s" in r else "-",
+            f"{r['compile_s']:.0f}" if "compile_s" in r else "-",
+            " ".join(f"{s:.1f}" for s in steps) or "-",
+            f"{r['losses'][-1]:.3f}" if r.get("losses") else "-",
+            "fits" if r["fits"] else r.get("why", "?"),
+        )
+    console.print(t)
+
+
+def summarize(records: list[dict]) -> dict:
+    best = {}
+    for m in MODES:
+        fit = [r for r in records if r["mode"] == m and r["fits"]]
+        if fit:
+            best[m] = max(fit, key=lambda r: r["params"])
+    out: dict = {"largest": {m: {k: r.get(k) for k in ("num_layers", "params", "peak_rss",
+                                                       "state_bytes", "rss_over_state")}
+                             for m, r in best.items()}}
+    if "paged" in best:
+        out["paged_rss_over_state"] = best["paged"]["rss_over_state"]
+        for base in ("plain", "plain-bf16"):
+            if base in best:
+                out[f"paged_over_{base}_params"] = best["paged"]["params"] / best[base]["params"]
+    return out
+
+
+def main(argv=None) -> None:
+    import psutil
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "paged"])
+    p.add_argument("--d-model", type=int, default=2048, help="width; sizes vary by layers")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--mem-limit-gib", type=float, default=None,
+                   help="RSS limit of a probe (default: total RAM - 1 GiB)")
+    p.add_argument("--min-available-gib", type=float, default=0.75,
+                   help="stop a probe when the machine has less available than this")
+    p.add_argument("--store-dir", default=None, help="where paged probes put their store")
+    p.add_argument("--disk-reserve-gib", type=float, default=4.0)
+    p.add_argument("--start", type=float, nargs="+", default=None,
+                   help="start size per mode in parameters, e.g. 1.21e9 3e9 (default: "
+                        "1.21e9 for plain modes, the disk cap for paged)")
+    p.add_argument("--grow", type=float, default=1.25, help="ladder factor before bisecting")
+    p.add_argument("--max-probes", type=int, nargs="+", default=[4],
+                   help="probes per mode (one value, or one per mode)")
+    p.add_argument("--timeout-s", type=float, default=1200.0, help="per probe")
+    p.add_argument("--out", default="capacity.json")
+    # child side
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        return child_main(a)
+
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 180))
+    if a.mem_limit_gib is None:
+        a.mem_limit_gib = psutil.virtual_memory().total / GIB - 1.0
+    starts = a.start or [1.21e9 if m != "paged" else 1e15 for m in a.modes]
+    if len(starts) == 1:
+        starts = starts * len(a.modes)
+    max_probes = a.max_probes * len(a.modes) if len(a.max_probes) == 1 else a.max_probes
+    vm = psutil.virtual_memory()
+    console.print(f"machine: {vm.total / GIB:.1f} GiB RAM, {vm.available / GIB:.1f} GiB "
+                  f"available; limit per probe {a.mem_limit_gib:.1f} GiB; disk free "
+                  f"{shutil.disk_usage(a.store_dir or tempfile.gettempdir()).free / 1e9:.0f} GB")
+    records: list[dict] = []
+    t_start = time.perf_counter()
+    kw = dict(batch_size=a.batch_size, steps=a.steps, mem_limit_gib=a.mem_limit_gib,
+              min_available_gib=a.min_available_gib, store_dir=a.store_dir,
+              disk_reserve_gib=a.disk_reserve_gib, timeout_s=a.timeout_s)
+    with console.status("probing...") as status:
+        for mode, start, n_probes in zip(a.modes, starts, max_probes, strict=True):
+            def on_probe(r, mode=mode):
+                records.append(r)
+                console.print(f"  {r['mode']:10s} {r['num_layers']:3d} layers "
+                              f"{r['params'] / 1e9:6.3f}B  peak RSS {_fmt_gib(r.get('peak_rss'))}"
+                              f" GiB  {r.get('why')}  ({r.get('wall_s', 0):.0f} s)")
+                Path(a.out).write_text(json.dumps({"records": records}, indent=1))
+                status.update(f"probing {mode}... {time.perf_counter() - t_start:.0f} s")
+
+            status.update(f"probing {mode}...")
+            search(mode, start, max_probes=n_probes, grow=a.grow, d_model=a.d_model,
+                   seq_len=a.seq_len, on_probe=on_probe, **kw)
+    render(records, console)
+    summary = summarize(records)
+    for m, r in summary["largest"].items():
+        console.print(f"largest {m}: {r['params'] / 1e9:.3f}B params ({r['num_layers']} layers), "
+                      f"peak RSS {_fmt_gib(r['peak_rss'])} GiB, RSS/state "
+                      f"{r['rss_over_state']:.3f}")
+    for k, v in summary.items():
+        if k != "largest":
+            console.print(f"{k}: {v:.3f}")
+    args = {k: v for k, v in vars(a).items() if k not in ("child", "mode", "layers", "result")}
+    Path(a.out).write_text(json.dumps({"args": args, "records": records, "summary": summary,
+                                       "wall_s": time.perf_counter() - t_start}, indent=1))
+    console.print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""A recipe made runnable: model config, placement, optimizer and the jitted step."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._errors import ConfigError
+from ._recipe import Recipe, StrategyUnavailable
+
+
+def model_config(recipe: Recipe, base_cfg):
+    """``base_cfg`` (a ``GPTConfig``) with the recipe's policy and model overrides."""
+    from ..policy import apply_policy, resolve_policy
+
+    cfg = apply_policy(base_cfg, recipe.policy)
+    over = {
+        k: resolve_policy(v) if k.endswith("policy") and (v is None or isinstance(v, str)) else v
+        for k, v in recipe.model_overrides.items()
+    }
+    unknown = [k for k in over if k not in {f.name for f in dataclasses.fields(cfg)}]
+    if unknown:
+        raise ConfigError(f"recipe model_overrides {unknown} are not GPTConfig fields")
+    return dataclasses.replace(cfg, **over)
+
+
+def placement(recipe: Recipe):
+    """The recipe's ``Placement`` (adjusted by ``with_paged_optimizer`` when paged)."""
+    from ..placement import get_placement, with_paged_optimizer
+
+    p = get_placement(recipe.placement)
+    return with_paged_optimizer(p) if recipe.store else p
+
+
+def fuyou_module():
+    """``jaxoff.strategies._fuyou``, or :class:`StrategyUnavailable` saying why not."""
+    try:
+        from . import _fuyou
+    except ImportError as e:
+        raise StrategyUnavailable(f"jaxoff.strategies._fuyou cannot be imported ({e})") from None
+    return _fuyou
+
+
+@dataclasses.dataclass
+class Prepared:
+    """Everything needed to run one recipe's step.
+
+    Attributes:
+        step: the step jitted with the state donated and placed (call ``.lower`` to compile).
+        state: the ``TrainState`` placed in its memory kinds (or its abstract shapes).
+        tx: the optimizer the step uses (paged when the recipe says so; close it after).
+        model_config: the model with policy, overrides and streaming applied.
+        placement: the ``Placement`` the state's shardings come from.
+        step_fn: the un-jitted step (for ``jax.make_jaxpr`` / export).
+    """
+
+    recipe: Recipe
+    step: Any
+    state: Any
+    tx: Any
+    graphdef: Any
+    model_config: Any
+    placement: Any
+    step_fn: Any
+    shardings: Any
+
+
+def prepare(
+    recipe: Recipe,
+    base_cfg,
+    tx,
+    *,
+    store_dir=None,
+    chunk_bytes: int = 1 << 20,
+    seed: int = 0,
+    abstract: bool = False,
+) -> Prepared:
+    """Builds the state and the jitted step of ``recipe`` for ``base_cfg`` and optax ``tx``.
+
+    ``store_dir``: page-store directory when the recipe pages the optimizer (``tx`` is then
+    wrapped in ``jaxoff.paged``). ``abstract``: shapes only, nothing allocated (not for
+    paged recipes, whose ``init`` writes the store).
+
+    Example:
+        >>> import optax
+        >>> from models.gpt import CONFIGS
+        >>> from jaxoff.strategies import Recipe, prepare
+        >>> p = prepare(Recipe(policy="selective"), CONFIGS["tiny"], optax.adam(1e-3))
+        >>> p.placement.params
+        'device'
+    """
+    from ..placement import abstract_with, check_placement, jit_step, streamed_model
+    from ..train._step import TrainState, abstract_state, init_state, make_train_step
+
+    pl = placement(recipe)
+    cfg = model_config(recipe, base_cfg)
+    check_placement(pl, cfg, policy=recipe.policy)
+    cfg = streamed_model(cfg, pl)
+    if recipe.store:
+        if store_dir is None:
+            raise ConfigError("this strategy pages the optimizer state: pass store_dir")
+        from ..optim import paged
+
+        tx = paged(tx, store_dir, chunk_bytes=chunk_bytes)
+    if recipe.update_in_backward:
+        fuyou = fuyou_module()
+        from flax import nnx
+
+        from models.gpt import GPT
+
+        graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+        state = TrainState(jnp.zeros((), jnp.int32), params, fuyou.fuyou_init(cfg, tx, params))
+        step_fn = fuyou.make_fuyou_step(graphdef, cfg, tx)
+    else:
+        graphdef, state = (abstract_state if abstract else init_state)(
+            cfg, tx, *(() if abstract else (seed,))
+        )
+        step_fn = make_train_step(graphdef, tx, pl)
+    jitted, shardings = jit_step(step_fn, pl, state)
+    state = abstract_with(state, shardings) if abstract else jax.device_put(state, shardings)
+    return Prepared(recipe, jitted, state, tx, graphdef, cfg, pl, step_fn, shardings)

@@ -1,0 +1,240 @@
+"""The research systems as named strategies: each a few lines composing jaxoff's parts.
+
+Every docstring says what the strategy keeps from its paper and what differs under XLA's
+static compilation (one compiled program per step: no runtime decisions, one plan for
+every scanned layer, transfers scheduled by XLA).
+"""
+
+from __future__ import annotations
+
+from ._planners import capuchin_actions, checkmate_actions, dtr_actions, policy_spelling
+from ._recipe import Context, Recipe, StrategyUnavailable, register
+
+
+@register(
+    "vdnn",
+    paper="Rhu et al. 2016, 'vDNN: Virtualized Deep Neural Networks for Scalable, "
+    "Memory-Efficient Neural Network Design' (MICRO)",
+)
+def vdnn(ctx: Context) -> Recipe:
+    """Every layer's activations to host memory in forward, back for backward.
+
+    Keeps: offload of all saved activations of every layer (vDNN_all), prefetch before
+    backward needs them. Differs: vDNN issues its copies and prefetches at layer
+    boundaries at run time; here ``offload_all`` marks each named residual for
+    ``pinned_host`` and XLA's host-offload passes and scheduler place the copies and the
+    prefetches in the compiled program. Intermediates without a name are recomputed.
+    """
+    return Recipe(policy="offload_all")
+
+
+@register(
+    "te_offload",
+    paper="NVIDIA TransformerEngine, te.pytorch.get_cpu_offload_context "
+    "(activation CPU offloading of num_layers layers)",
+)
+def te_offload(ctx: Context) -> Recipe:
+    """Activations of the first N layers to host memory, the others kept on device.
+
+    Keeps: TE's per-layer switch (offload N layers; the last layers, whose backward comes
+    first, stay on device). N: the fewest layers whose offload fits ``device_mem`` by the
+    planner's profile, else half the layers. Differs: TE hooks tensors as PyTorch saves
+    them; here the layer scan is split in two scans (``GPTConfig.split_layers``) with
+    ``offload_all`` on the first and no remat on the second.
+    """
+    L = ctx.model_config.num_layers
+    n = max(1, L // 2)
+    if ctx.device_mem is not None:
+        from ..plan import Plan, evaluate
+
+        prof, hw = ctx.profile(), ctx.hw()
+        keep = evaluate(prof, hw, Plan.from_actions(prof, {n.name: "device" for n in prof.names}))
+        off = evaluate(prof, hw, Plan.from_actions(prof, {n.name: "offload" for n in prof.names}))
+        per_layer = (keep.device_bytes - off.device_bytes) / L
+        n = next((k for k in range(1, L + 1)
+                  if keep.device_bytes - k * per_layer <= hw.device_mem), L)
+    return Recipe(
+        policy="none",
+        model_overrides={"split_layers": n, "split_policy": "offload_all"},
+        note=f"first {n} of {L} layers offloaded",
+    )
+
+
+@register(
+    "chen_sqrt",
+    paper="Chen et al. 2016, 'Training Deep Nets with Sublinear Memory Cost' (arXiv:1604.06174)",
+)
+def chen_sqrt(ctx: Context) -> Recipe:
+    """Keep every ~sqrt(L)-th layer boundary; recompute a segment in backward.
+
+    Keeps: O(sqrt L) activation memory with one extra forward. Differs: segments are
+    equal (the divisor of L nearest sqrt L) rather than chosen per layer size, as XLA
+    scans a reshaped stack of segments (``GPTConfig.remat_every``).
+    """
+    return Recipe(policy="sqrt")
+
+
+@register(
+    "megatron_selective",
+    paper="Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer "
+    "Models' (MLSys 2023)",
+)
+def megatron_selective(ctx: Context) -> Recipe:
+    """Recompute the attention core (scores, softmax, context), keep the rest.
+
+    Keeps: selective recomputation of the tensors that are large and cheap to recompute.
+    Differs: no sequence parallelism (one device); JAX recomputes from the kept q, k, v.
+    """
+    return Recipe(policy="selective")
+
+
+@register(
+    "checkmate",
+    paper="Jain et al. 2020, 'Checkmate: Breaking the Memory Wall with Optimal Tensor "
+    "Rematerialization' (MLSys)",
+    budgeted=True,
+)
+def checkmate(ctx: Context) -> Recipe:
+    """Optimal keep-or-recompute per residual under the device budget (MILP).
+
+    Keeps: an integer program over which tensors to keep or recompute, minimising compute
+    time subject to the memory budget, no offload. Differs: Checkmate schedules every
+    operation of the graph; here the decision is per residual *name* and the same for every
+    scanned layer (XLA compiles the block once), over the planner's cost model
+    (``jaxoff.plan.solve(actions=("device", "remat"))``, parameters and states on device).
+    """
+    return Recipe(policy=policy_spelling(checkmate_actions(ctx)), note="MILP, remat only")
+
+
+@register(
+    "dtr_greedy",
+    paper="Kirisame et al. 2021, 'Dynamic Tensor Rematerialization' (ICLR)",
+    budgeted=True,
+)
+def dtr_greedy(ctx: Context) -> Recipe:
+    """DTR's eviction score (cost / (size x staleness)) used as a static planner.
+
+    Keeps: the heuristic h(t) = cost(t) / (memory(t) x staleness(t)) with the evicted
+    neighbourhood in the cost, evicting the lowest score until the budget holds. Differs:
+    DTR evicts dynamically, at run time, when an allocation fails; that is not expressible
+    in XLA, whose memory plan is fixed at compile time. We run the heuristic once over the
+    profile and compile its result as a remat policy.
+    """
+    return Recipe(policy=policy_spelling(dtr_actions(ctx)), note="static DTR heuristic")
+
+
+@register(
+    "capuchin",
+    paper="Peng et al. 2020, 'Capuchin: Tensor-based GPU Memory Management for Deep "
+    "Learning' (ASPLOS); also STR (Zhang et al.) / DELTA-style swap+recompute hybrids",
+    budgeted=True,
+)
+def capuchin(ctx: Context) -> Recipe:
+    """Per tensor: swap to host while the transfer hides behind compute, else recompute.
+
+    Keeps: the per-tensor choice between swapping and recomputing by their cost (transfer
+    time not overlapped vs recompute time), largest tensors first, until the budget holds;
+    this is the hybrid STR and DELTA also make. Differs: Capuchin measures tensor accesses
+    in a first iteration and decides at run time; here the profile's bytes and FLOPs and
+    the hardware preset's link speed decide once, before compiling.
+    """
+    return Recipe(policy=policy_spelling(capuchin_actions(ctx)), note="swap if hidden")
+
+
+@register(
+    "zero_offload",
+    paper="Ren et al. 2021, 'ZeRO-Offload: Democratizing Billion-Scale Model Training' "
+    "(USENIX ATC)",
+)
+def zero_offload(ctx: Context) -> Recipe:
+    """Optimizer states in host memory, the update on the host CPU.
+
+    Keeps: parameters and activations on the device, gradients down to host, the Adam
+    update on the host (no optimizer state crosses the link), new parameters back up.
+    Differs: no delayed parameter update and no fused CPU Adam kernel: the update is XLA's
+    own code under ``compute_on("device_host")`` (``host_opt`` placement).
+    """
+    return Recipe(policy="none", placement="host_opt")
+
+
+@register(
+    "zero_infinity",
+    paper="Rajbhandari et al. 2021, 'ZeRO-Infinity: Breaking the GPU Memory Wall for "
+    "Extreme Scale Deep Learning' (SC)",
+)
+def zero_infinity(ctx: Context) -> Recipe:
+    """Optimizer states and fp32 masters on NVMe, parameters in host memory, fetched layer
+    by layer; activation checkpointing.
+
+    Keeps: the three homes (NVMe for states, host for parameters, device for one layer),
+    the chunked NVMe update (``jaxoff.paged``), block-level checkpointing. Differs:
+    parameters stream one layer ahead (``host_params_stream1``) rather than by ZeRO-3
+    partition hooks; the activation checkpoints (block inputs, the scan carry) stay on the
+    device, as a names-based policy cannot offload the carry; the paged update runs on
+    device buffers (on an accelerator ZeRO-Infinity runs it on the CPU).
+    """
+    return Recipe(policy="full", placement="host_params_stream1", store=True)
+
+
+@register(
+    "l2l",
+    paper="Pudipeddi et al. 2020, 'Training Large Neural Networks with Constant Memory "
+    "using a New Execution Algorithm' (arXiv:2002.05645)",
+)
+def l2l(ctx: Context) -> Recipe:
+    """Layer-to-layer: parameters in host memory, one layer on the device at a time.
+
+    Keeps: one layer's parameters on device, the next fetched while it computes, the
+    optimizer state and update on the host ("eager parameter server"). Differs: the
+    update runs after the whole backward pass, not layer by layer as gradients arrive.
+    """
+    return Recipe(policy="full", placement="host_params_stream1")
+
+
+@register(
+    "stronghold",
+    paper="Sun et al. 2022, 'STRONGHOLD: Fast and Affordable Billion-Scale Deep Learning "
+    "Model Training' (SC)",
+)
+def stronghold(ctx: Context) -> Recipe:
+    """Parameters in host memory with a working window of layers on the device.
+
+    Keeps: a window of layers prefetched ahead, sized to fit: the largest window whose
+    parameters fit ``device_mem`` by the planner's profile (default 2). Differs: the window
+    is fixed at compile time (STRONGHOLD adapts it at run time) and the update runs after
+    the backward pass on the host.
+    """
+    window = 2
+    if ctx.device_mem is not None:
+        from ..plan import Plan, evaluate
+
+        prof, hw = ctx.profile(), ctx.hw()
+        plan = Plan.from_actions(prof, {}, params="host", opt="host")  # full remat
+        base = evaluate(prof, hw, plan).device_bytes  # two layers' parameters on device
+        room = int((hw.device_mem - base) // max(prof.layer_param_bytes, 1))
+        window = max(1, min(prof.num_layers, 1 + room))
+    return Recipe(policy="full", placement=f"host_params_stream{window}",
+                  note=f"window {window}")
+
+
+@register(
+    "fuyou",
+    paper="Liao et al. 2024, 'Adding NVMe SSDs to Enable and Accelerate 100B Model "
+    "Fine-tuning on a Single GPU' (Fuyou)",
+)
+def fuyou(ctx: Context) -> Recipe:
+    """NVMe-paged optimizer update overlapped with the backward pass, layer by layer.
+
+    Keeps: each layer's optimizer update, with its state paged from NVMe, runs inside the
+    backward layer scan as soon as that layer's gradients exist. The step comes from
+    ``jaxoff.strategies._fuyou`` (``make_fuyou_step``, ``fuyou_init``); gradient clipping
+    is refused there (it needs every gradient before any update).
+    """
+    try:
+        from . import _fuyou  # noqa: F401
+    except ImportError as e:
+        raise StrategyUnavailable(
+            f"jaxoff.strategies._fuyou cannot be imported ({e}); it provides the "
+            f"update-in-backward step"
+        ) from None
+    return Recipe(policy="full", store=True, update_in_backward=True)

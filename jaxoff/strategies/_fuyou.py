@@ -1,0 +1,430 @@
+"""Fuyou: the NVMe-paged optimizer update runs inside the backward layer scan.
+
+Liao et al. 2024, "Adding NVMe SSDs to Enable and Accelerate 100B Model Fine-tuning on a
+Single GPU". Plain paged training runs the whole backward pass, then pages every layer's
+optimizer state through the update. Here the backward pass is a hand-written reverse scan over
+the stacked blocks whose body computes layer ``j``'s gradients (the block's VJP, the block
+recomputed from its saved input as under ``nothing_saveable``) and at once pages layer ``j``'s
+fp32 master and moments through the update: split-phase reads, the chunk arithmetic of
+``jaxoff.paged`` (``Pager._compute``, so every element is bitwise what the sequential paged
+update computes) and write-behind writes that proceed while layer ``j - 1`` is differentiated.
+The embeddings, final norm and head are updated after the scan.
+
+Store layout: each paged tensor of a stacked block leaf is stored as one entry per layer
+(``<entry>@<layer>``), so that layer ``j``'s chunks are addressed with the dynamic scan index
+(file ids, offsets and crcs are ``[L, ...]`` operands indexed by ``j``). Crash consistency is
+the store's: every write goes to the inactive slot and one commit, after a ``page_flush`` of all
+of the step's writes, makes them the next version at the end of the step.
+
+Global operations that need every gradient first (``clip_by_global_norm``, ...) are refused.
+
+Example:
+    >>> import optax, tempfile, jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from models.gpt import CONFIGS, GPT
+    >>> from jaxoff.optim import paged
+    >>> from jaxoff.train._step import TrainState
+    >>> cfg = CONFIGS["tiny"]
+    >>> graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    >>> tx = paged(optax.adamw(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=1 << 16)
+    >>> state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
+    >>> step = jax.jit(make_fuyou_step(graphdef, cfg, tx), donate_argnums=0)
+    >>> tokens = jnp.zeros((2, 16), jnp.int32)
+    >>> state, metrics = step(state, tokens, tokens)
+    >>> int(state.opt_state.version)
+    2
+    >>> tx.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import weakref
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+from jax.experimental import io_callback
+
+from jaxoff._errors import ConfigError
+from jaxoff.aio import PageStore, PageStoreError
+from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file_table
+from jaxoff.optim import _chunk
+from jaxoff.optim._paged import (
+    PagedTransformation,
+    Pager,
+    _write_chunk,
+    encode,
+    ram_bytes,
+    ram_bytes_np,
+)
+from jaxoff.optim._pipeline import EntryIO, page_leaf
+from jaxoff.optim._plan import RAM_ENTRY, Plan, path_name
+from jaxoff.train._step import cross_entropy
+
+BLOCKS = "blocks"  # the GPT's stacked blocks (models.gpt.GPT.blocks)
+
+
+class FuyouState(NamedTuple):
+    """The RAM part of Fuyou's optimizer state; the rest is version ``version`` of the store.
+
+    Attributes:
+      version: the store version this state describes (reads come from its slot).
+      crcs: per plan entry (``Pager.plan`` order), the crc32c of each chunk: ``uint32[L, n]``
+        for an entry of a stacked block leaf (``n`` chunks per layer), ``uint32[n]`` else;
+        then ``uint32[1]`` for the ``ram`` entry.
+      ram: the inner optimizer's RAM leaves (step counts, ...).
+    """
+
+    version: jax.Array
+    crcs: tuple[jax.Array, ...]
+    ram: tuple[jax.Array, ...]
+
+
+@dataclasses.dataclass
+class _Layout:
+    """How one model's optimizer state sits in the store, and the tables the step indexes."""
+
+    plan: Plan
+    blocks: tuple[bool, ...]  # per plan leaf: a stacked block leaf
+    num_layers: int
+    store_names: list[str]  # store entry names, in store order
+    store_of: list[tuple[int, int]]  # per store entry: (crcs index, layer or -1)
+    fids: list[np.ndarray]  # per plan entry: int32 [L, 2, n] (block) or [2, n]
+    offs: list[np.ndarray]  # per plan entry: uint32 [L, n, 2] (block) or [n, 2]
+    table: str
+    store: PageStore
+
+
+_layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+_CLIP_MESSAGE = (
+    "the fuyou strategy updates each layer inside the backward pass, as soon as its gradients "
+    "exist, so it cannot run {ops}, which needs every gradient before the first update; use "
+    "--clip-norm 0 (drop the global operation), or use zero_infinity (update after backward)"
+)
+
+
+def _pager(tx) -> Pager:
+    """The `Pager` of ``tx``, refusing what Fuyou cannot run, saying why and what to do."""
+    from jaxoff.optim._checks import chain_members
+
+    if not isinstance(tx, PagedTransformation):
+        members = chain_members(tx, flatten=False)
+        if members and isinstance(getattr(members[-1].update, "__self__", None), Pager):
+            raise ConfigError(_CLIP_MESSAGE.format(ops="global operations chained before "
+                                                   "jaxoff.paged (gradient clipping, ...)"))
+        raise ConfigError(
+            "the fuyou strategy needs a paged optimizer: pass "
+            "jaxoff.optim.paged(optax.adamw(...), store_dir, chunk_bytes=...) as tx")
+    pager = tx.pager
+    if pager.pre is not None:
+        raise ConfigError(_CLIP_MESSAGE.format(ops="the global operations leading the chain "
+                                               "given to jaxoff.paged (gradient clipping, ...)"))
+    return pager
+
+
+def _check_model(model_cfg) -> None:
+    bad = {k: getattr(model_cfg, k) for k in ("stream_window", "split_layers")
+           if getattr(model_cfg, k)}
+    if model_cfg.remat_every != 1:
+        bad["remat_every"] = model_cfg.remat_every
+    if bad:
+        raise ConfigError(
+            f"the fuyou strategy runs one block per layer step (recomputed in backward) and "
+            f"cannot be combined with {bad}; set them to their defaults")
+
+
+def _layout(tx, params) -> _Layout:
+    """The layout of ``params``' optimizer state (opens the store and registers its files)."""
+    pager = _pager(tx)
+    with _lock:
+        lay = _layouts.get(pager)
+        if lay is not None and not lay.store.closed:
+            return lay
+        plan = pager.plan(params)
+        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        blocks = tuple(path_name(p[:1]) == BLOCKS for p in paths)
+        if not any(blocks):
+            raise ConfigError("the fuyou strategy needs a model with stacked blocks "
+                              f"(a '{BLOCKS}' parameter subtree, as models.gpt.GPT has)")
+        num_layers = next(leaf.shape[0] for leaf, b in zip(plan.leaves, blocks, strict=True) if b)
+        entries, store_of = {}, []
+        for k, e in enumerate(plan.entries):
+            shape = plan.leaves[e.leaf].shape
+            if blocks[e.leaf]:
+                for layer in range(num_layers):
+                    entries[f"{e.name}@{layer}"] = (shape[1:], e.storage)
+                    store_of.append((k, layer))
+            else:
+                entries[e.name] = (shape, e.storage)
+                store_of.append((k, -1))
+        entries[RAM_ENTRY] = ((plan.ram_nbytes,), np.dtype(np.uint8))
+        store_of.append((len(plan.entries), -1))
+        store = pager.store
+        if store is None or store.closed:
+            store = PageStore.open_or_create(pager.root, entries, chunk_bytes=pager.chunk_bytes)
+        if list(store.entries) != list(entries):
+            raise PageStoreError(
+                f"page store {pager.root} holds other entries than the fuyou layout of this "
+                "model (a plain jaxoff.paged store?): give fuyou its own store directory")
+        pager.store = store  # tx.close() releases it
+        need = pager.split_phase_bytes(plan)
+        engine = pager.engine
+        if engine.pool_bytes < need:
+            engine = dataclasses.replace(engine, pool_bytes=need)
+        table = f"jaxoff.fuyou:{pager.root}"
+        register_file_table(table, store.file_table(), config=engine)
+        tabs = [store.chunk_table(s) for s in ("A", "B")]
+        per_store = []
+        for ei in range(len(entries)):
+            rows = tabs[0]["entry"] == ei
+            per_store.append((np.stack([t["file_id"][t["entry"] == ei] for t in tabs])
+                              .astype(np.int32), encode(tabs[0]["offset"][rows])))
+        fids: list = [[] for _ in plan.entries]
+        offs: list = [[] for _ in plan.entries]
+        for (k, _), (f, o) in zip(store_of[:-1], per_store[:-1], strict=True):
+            fids[k].append(f)
+            offs[k].append(o)
+        for k, e in enumerate(plan.entries):
+            if blocks[e.leaf]:
+                fids[k], offs[k] = np.stack(fids[k]), np.stack(offs[k])
+            else:
+                fids[k], offs[k] = fids[k][0], offs[k][0]
+        fids.append(per_store[-1][0])
+        offs.append(per_store[-1][1])
+        lay = _Layout(plan, blocks, num_layers, list(entries), store_of, fids, offs, table,
+                      store)
+        _layouts[pager] = lay
+        return lay
+
+
+def _layer_chunks(lay: _Layout, leaf) -> tuple[int, int]:
+    """``(n_full, tail)`` of one layer's slice of a stacked leaf, or of a whole other leaf."""
+    size = leaf.size // lay.num_layers if lay.blocks[leaf.index] else leaf.size
+    return size // leaf.chunk_elems, size % leaf.chunk_elems
+
+
+def fuyou_init(model_cfg, tx, params) -> FuyouState:
+    """Writes the initial optimizer state of ``params`` to ``tx``'s store (version 1).
+
+    Args:
+      model_cfg: the model's ``GPTConfig``.
+      tx: ``jaxoff.optim.paged(inner, store_dir, chunk_bytes=...)``, with no global operations.
+      params: the model's ``nnx.Param`` state (concrete arrays).
+
+    Returns:
+      the `FuyouState` to put in ``TrainState.opt_state``.
+    """
+    _check_model(model_cfg)
+    pager = _pager(tx)
+    lay = _layout(tx, params)
+    plan, store = lay.plan, lay.store
+    with jax.ensure_compile_time_eval():
+        ram = [np.asarray(x) for x in _chunk.ram_init(plan, pager.inner, pager.master_dtype)]
+    crcs: dict[str, list[int]] = {}
+    for leaf, p in zip(plan.leaves, plan.params_def.flatten_up_to(params), strict=True):
+        init = jax.jit(functools.partial(_chunk.chunk_init, plan, pager.inner,
+                                         pager.master_dtype, leaf.index))
+        p = np.asarray(p)
+        layers = list(p) if lay.blocks[leaf.index] else [p]
+        suffixes = ([f"@{j}" for j in range(len(layers))] if lay.blocks[leaf.index] else [""])
+        n_full, tail = _layer_chunks(lay, leaf)
+        for x, suffix in zip(layers, suffixes, strict=True):
+            flat = x.reshape(-1)
+            for c in range(n_full + (1 if tail else 0)):
+                pc = flat[c * leaf.chunk_elems:][: leaf.chunk_elems]
+                if leaf.master:
+                    pc = pc.astype(pager.master_dtype)
+                chunks = [np.asarray(y) for y in init(pc)]
+                if leaf.master:
+                    chunks = [pc, *chunks]
+                for k, y in zip(leaf.entries, chunks, strict=True):
+                    e = plan.entries[k]
+                    name = e.name + suffix
+                    crcs.setdefault(name, []).append(
+                        _write_chunk(store, name, c, y.astype(e.storage)))
+    crcs[RAM_ENTRY] = [_write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
+    version = store.commit(crcs)
+    out = []
+    for e in plan.entries:
+        if lay.blocks[e.leaf]:
+            out.append(np.stack([crcs[f"{e.name}@{j}"] for j in range(lay.num_layers)]))
+        else:
+            out.append(np.asarray(crcs[e.name]))
+    out.append(np.asarray(crcs[RAM_ENTRY]))
+    return FuyouState(jnp.asarray(version, jnp.int32),
+                      tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in out),
+                      tuple(jnp.asarray(x) for x in ram))
+
+
+def _used_inputs(fn, *args) -> list[bool]:
+    """Per flat input of ``fn(*args)``: whether its jaxpr reads it."""
+    closed = jax.make_jaxpr(fn)(*args)
+    used = {id(v) for eqn in closed.jaxpr.eqns for v in eqn.invars}
+    used |= {id(v) for v in closed.jaxpr.outvars}
+    return [id(v) in used for v in closed.jaxpr.invars]
+
+
+def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
+    """``train_step(state, inputs, targets) -> (state, metrics)`` with the update in backward.
+
+    Same contract as ``jaxoff.train.make_train_step`` (the caller jits it with
+    ``donate_argnums=0``); ``state.opt_state`` comes from `fuyou_init`.
+
+    Raises:
+      ConfigError: ``tx`` is not a paged optimizer, or holds a global operation (clipping).
+    """
+    _check_model(model_cfg)
+    pager = _pager(tx)
+    cfg = model_cfg
+
+    def front(model, tokens):
+        x = model.embed(tokens)
+        if cfg.positions == "learned":
+            x = x + model.pos_embed(jnp.arange(tokens.shape[-1]))[None]
+        return x.astype(cfg.compute_dtype)
+
+    def back(model, h, targets):
+        return cross_entropy(model.head(model.final_norm(h)).astype(jnp.float32), targets)
+
+    def train_step(state, inputs, targets):
+        lay = _layout(tx, state.params)
+        plan, opt = lay.plan, state.opt_state
+        leaves = plan.params_def.flatten_up_to(state.params)
+        bidx = [i for i, b in enumerate(lay.blocks) if b]
+        ridx = [i for i, b in enumerate(lay.blocks) if not b]
+
+        def merged(rest, blocks):
+            full = [None] * len(leaves)
+            for i, x in zip(ridx, rest, strict=True):
+                full[i] = x
+            for i, x in zip(bidx, blocks, strict=True):
+                full[i] = x
+            return nnx.merge(graphdef, jax.tree.unflatten(plan.params_def, full))
+
+        rest = [leaves[i] for i in ridx]
+        stacked = [leaves[i] for i in bidx]
+        bgraph = nnx.split(merged(rest, stacked).blocks)[0]
+        bdef = jax.tree.structure(nnx.split(merged(rest, stacked).blocks)[1])
+
+        def block(layer, h):
+            return nnx.merge(bgraph, jax.tree.unflatten(bdef, layer))(h)
+
+        # forward: each block's input is saved, nothing else (the block is recomputed)
+        fwd = lambda r, t: front(merged(r, stacked), t)  # noqa: E731
+        x0, front_vjp = jax.vjp(lambda r: fwd(r, inputs), rest)
+
+        def fbody(h, layer):
+            return block(layer, h), h
+
+        h, saved = lax.scan(fbody, x0, stacked)
+        bk = lambda r, h: back(merged(r, stacked), h, targets)  # noqa: E731
+        loss, back_vjp = jax.vjp(bk, rest, h)
+        g_back, gh = back_vjp(jnp.ones((), loss.dtype))
+
+        inner_ram = list(opt.ram)
+        new_ram = _chunk.ram_update(plan, pager.inner, pager.master_dtype, inner_ram, {})
+        read_slot = (opt.version % 2).astype(jnp.int32)
+        new_crcs: list = [None] * (len(plan.entries) + 1)
+
+        def update_leaf(leaf, g, p, crcs, fids, offs, tok):
+            n_full, tail = _layer_chunks(lay, leaf)
+            ios = [EntryIO(f, o, plan.entries[k].storage)
+                   for k, f, o in zip(leaf.entries, fids, offs, strict=True)]
+            compute = functools.partial(pager._compute, plan, leaf, g.reshape(-1),
+                                        p.reshape(-1), inner_ram, {}, True)
+            out, crcs, tok = page_leaf(lay.table, ios, crcs, read_slot, leaf.chunk_elems,
+                                       n_full, tail, p.reshape(-1), compute, tok,
+                                       split_phase=True)
+            return out.reshape(p.shape), crcs, tok
+
+        bleaves = [plan.leaves[i] for i in bidx]
+
+        # backward: layer j's gradients, then layer j's paged update, in one scan step
+        def bbody(carry, xs):
+            gh, tok = carry
+            layer, h_in, crcs, fids, offs = xs
+            # The pipeline reads materialised gradients (as jaxoff.paged does): no fusion of
+            # the gradient's last ops into some chunks' updates and not others.
+            _, vjp = jax.vjp(block, layer, h_in)
+            g_layer, gh = vjp(gh)
+            g_layer = lax.optimization_barrier(g_layer)
+            new_layer, out_crcs, sq = [], [], []
+            for leaf, g, p, c, f, o in zip(bleaves, g_layer, layer, crcs, fids, offs,
+                                           strict=True):
+                p_new, c_new, tok = update_leaf(leaf, g, p, c, f, o, tok)
+                new_layer.append(p_new)
+                out_crcs.append(c_new)
+                sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
+            return (gh, tok), (new_layer, out_crcs, jnp.stack(sq))
+
+        def per_leaf(table):
+            return [[table[k] for k in leaf.entries] for leaf in bleaves]
+
+        xs = (stacked, saved, per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
+        (gh, tok), (new_stacked, crcs_b, sq_b) = lax.scan(
+            bbody, (gh, new_token()), xs, reverse=True)
+        for leaf, cs in zip(bleaves, crcs_b, strict=True):
+            for k, c in zip(leaf.entries, cs, strict=True):
+                new_crcs[k] = c
+        (g_front,) = front_vjp(gh)
+
+        # the embeddings, final norm and head: after the scan
+        used_front = _used_inputs(lambda r: fwd(r, inputs), rest)
+        used_back = _used_inputs(lambda r: bk(r, h), rest)
+        new_leaves = [None] * len(leaves)
+        for i, ni in zip(bidx, new_stacked, strict=True):
+            new_leaves[i] = ni
+        sq_r = []
+        for i, gf, gb, uf, ub in zip(ridx, g_front, g_back, used_front, used_back, strict=True):
+            g = gf + gb if uf and ub else (gf if uf else gb)
+            g = lax.optimization_barrier(g)
+            sq_r.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
+            leaf = plan.leaves[i]
+            p_new, cs, tok = update_leaf(leaf, g, leaves[i], [opt.crcs[k] for k in leaf.entries],
+                                         [lay.fids[k] for k in leaf.entries],
+                                         [lay.offs[k] for k in leaf.entries], tok)
+            new_leaves[i] = p_new
+            for k, c in zip(leaf.entries, cs, strict=True):
+                new_crcs[k] = c
+        crc, tok_ram = page_out(lay.table, jnp.asarray(lay.fids[-1])[1 - read_slot, 0],
+                                jnp.asarray(lay.offs[-1])[0], ram_bytes(plan, new_ram),
+                                new_token())
+        new_crcs[-1] = crc.reshape(1)
+        # every write of the step is durable before the commit (write-behind ones included)
+        flushed = page_flush(lay.table, tok + tok_ram)
+        version = io_callback(functools.partial(_commit, lay), jax.ShapeDtypeStruct((), jnp.int32),
+                              opt.version, tuple(new_crcs), flushed, ordered=False)
+        params = jax.tree.unflatten(plan.params_def, new_leaves)
+        grad_norm = jnp.sqrt(jnp.sum(sq_b) + sum(sq_r))
+        new_opt = FuyouState(version, tuple(new_crcs), tuple(new_ram))
+        from jaxoff.train._step import TrainState
+
+        return (TrainState(state.step + 1, params, new_opt),
+                {"loss": loss, "grad_norm": grad_norm})
+
+    return train_step
+
+
+def _commit(lay: _Layout, version, crcs, token) -> np.ndarray:
+    del token  # only a dependency: every write of the step has completed
+    store, version = lay.store, int(version)
+    if store.closed:
+        raise PageStoreError(f"page store {store.root} was closed during the fuyou step")
+    if version != store.version:
+        raise PageStoreError(
+            f"the optimizer state describes version {version} of page store {store.root}, but "
+            f"the store is at version {store.version}: the state is stale (re-init, or resume "
+            "from the store's version)")
+    out = {}
+    for name, (k, layer) in zip(lay.store_names, lay.store_of, strict=True):
+        c = np.asarray(crcs[k], np.uint32)
+        out[name] = (c[layer] if layer >= 0 else c).reshape(-1)
+    return np.asarray(store.commit(out), np.int32)

@@ -1,0 +1,56 @@
+"""bench/capacity.py: one probe per child process, its record, the memory watchdog."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def capacity():
+    spec = importlib.util.spec_from_file_location("capacity", ROOT / "bench" / "capacity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_paged_probe_of_a_tiny_model_reports_its_record(capacity, tmp_path):
+    r = capacity.probe("paged", 2, d_model=128, seq_len=32, steps=2, mem_limit_gib=3,
+                       store_dir=str(tmp_path), timeout_s=120)
+    assert r["fits"] is True, r.get("why")
+    assert r["status"] == "ok" and r["returncode"] == 0
+    assert r["params"] == capacity.num_params(2, 128, 32) > 0
+    # paged: bf16 params + grads (2 + 2), fp32 masters (4) and moments (8)
+    assert r["state_bytes"] == 16 * r["params"]
+    assert r["state_bytes_by_part"]["masters"] == 4 * r["params"]
+    assert r["store_bytes_needed"] == 24 * r["params"]
+    assert r["store_bytes_on_disk"] >= r["store_bytes_needed"]  # both slots, chunk-padded
+    assert len(r["losses"]) == len(r["step_s"]) == 2
+    assert r["loss_finite"] and all(math.isfinite(x) for x in r["losses"])
+    assert abs(r["losses"][0] - math.log(256)) < 0.5  # random bytes, fresh model
+    assert all(t > 0 for t in r["step_s"]) and r["compile_s"] > 0
+    assert 100 << 20 < r["peak_rss"] < 3 << 30
+    assert r["rss_over_state"] == r["peak_rss"] / r["state_bytes"]
+    assert list(tmp_path.iterdir()) == []  # store and scratch files removed
+
+
+def test_probe_over_the_memory_limit_is_stopped_and_does_not_fit(capacity, tmp_path):
+    r = capacity.probe("plain", 2, d_model=128, seq_len=32, steps=2, mem_limit_gib=0.25,
+                       store_dir=str(tmp_path), timeout_s=120)
+    assert r["fits"] is False
+    assert r["status"] == "killed" and r["returncode"] == 3
+    assert r["why"].startswith("over-limit")
+    assert r["peak_rss"] > 0.25 * (1 << 30)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_paged_size_beyond_the_free_disk_is_skipped_as_disk_bound(capacity, tmp_path):
+    r = capacity.probe("paged", 100_000, d_model=2048, store_dir=str(tmp_path))
+    assert r["fits"] is False and r["status"] == "skipped"
+    assert r["why"].startswith("disk-bound")
+    assert "peak_rss" not in r
