@@ -27,6 +27,12 @@ def _placement_export_ok(cfg: CompareConfig, row: dict) -> bool:
     return ok
 
 
+def _meta(cfg: CompareConfig, **extra) -> dict:
+    """What every compare.json records about the run, then ``extra``."""
+    keys = ("model", "batch_size", "seq_len", "steps", "warmup", "isolate")
+    return {**{k: getattr(cfg, k) for k in keys}, **extra}
+
+
 def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     """Measures each policy of ``cfg`` and writes compare.{csv,json,png} to ``cfg.out_dir``.
 
@@ -111,16 +117,8 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
                 )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "model": cfg.model,
-        "batch_size": cfg.batch_size,
-        "seq_len": cfg.seq_len,
-        "steps": cfg.steps,
-        "warmup": cfg.warmup,
-        "isolate": cfg.isolate,
-        "num_layers": model_config(cfg.model, "none").num_layers,
-        "baseline_flops": baseline,
-    }
+    meta = _meta(cfg, num_layers=model_config(cfg.model, "none").num_layers,
+                 baseline_flops=baseline)
     _report.write_csv(rows, out / "compare.csv")
     _report.write_json(rows, meta, out / "compare.json")
     _report.plot(rows, out / "compare.png", title)
@@ -185,17 +183,7 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
         console.print(f"  not run: {r['strategy']}: {r['status']}")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "model": cfg.model,
-        "batch_size": cfg.batch_size,
-        "seq_len": cfg.seq_len,
-        "steps": cfg.steps,
-        "warmup": cfg.warmup,
-        "isolate": cfg.isolate,
-        "device_mem": budget,
-        "hardware": cfg.hardware,
-        "baseline_flops": baseline,
-    }
+    meta = _meta(cfg, device_mem=budget, hardware=cfg.hardware, baseline_flops=baseline)
     rows = measured + skipped
     _report.write_csv(rows, out / "compare.csv")
     _report.write_json(measured, meta, out / "compare.json", key="strategies", not_run=skipped)
