@@ -12,7 +12,13 @@ from flax import nnx
 
 from jaxoff._errors import ConfigError
 from jaxoff.optim import paged
-from jaxoff.strategies._fuyou import _layout, fuyou_init, make_fuyou_step
+from jaxoff.strategies._fuyou import (
+    _layout,
+    blocks_from_bits,
+    blocks_to_bits,
+    fuyou_init,
+    make_fuyou_step,
+)
 from jaxoff.train._step import TrainState, make_train_step
 from models.gpt import CONFIGS, GPT
 
@@ -121,3 +127,37 @@ def test_clipping_is_refused(tmp_path):
         msg = r"needs every gradient.*--clip-norm 0.*zero_infinity \(update after backward\)"
         with pytest.raises(ConfigError, match=msg):
             make_fuyou_step(graphdef, cfg, tx)
+
+
+def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
+    """Given the blocks' bits, the step updates them in place: its temporaries do not grow
+    with the model's depth. Same arithmetic as given floats."""
+    def bits_setup(layers, root):
+        cfg = dataclasses.replace(config("bfloat16"), num_layers=layers, d_model=512,
+                                  num_heads=4, d_ff=2048)
+        graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        tx = paged(inner(), root, chunk_bytes=CHUNK, slots=1)
+        opt = fuyou_init(cfg, tx, params)
+        blocks_bytes = sum(x.nbytes for x in jax.tree.leaves(params["blocks"]))
+        bits = blocks_to_bits(params)
+        assert {x.dtype for x in jax.tree.leaves(bits["blocks"])} == {np.dtype(np.uint16)}
+        state = TrainState(jnp.zeros((), jnp.int32), bits, opt)
+        step = jax.jit(make_fuyou_step(graphdef, cfg, tx, blocks_as_bits=True),
+                       donate_argnums=0)
+        temp = step.lower(state, *batch(0)).compile().memory_analysis().temp_size_in_bytes
+        return cfg, tx, state, step, temp, blocks_bytes
+
+    _, tx4, _, _, temp4, bytes4 = bits_setup(4, tmp_path / "bits4")
+    tx4.close()
+    cfg, tx2, s2, step2, temp8, bytes8 = bits_setup(8, tmp_path / "bits8")
+    assert temp8 - temp4 < 0.1 * (bytes8 - bytes4), (temp4, temp8, bytes4, bytes8)
+    tx1, s1, step1 = fuyou_run(cfg, tmp_path / "floats")
+    for t in range(4):
+        s1, m1 = step1(s1, *batch(t))
+        s2, m2 = step2(s2, *batch(t))
+        assert float(m1["loss"]) == float(m2["loss"])
+    got = blocks_from_bits(s2.params, jnp.bfloat16)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(got), strict=True):
+        assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    tx1.close()
+    tx2.close()

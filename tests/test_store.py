@@ -491,3 +491,72 @@ def test_crcs_are_those_of_the_committed_chunks(tmp_path):
         assert store.crcs("opt.mu.w", store.active_slot) == want
         with pytest.raises(KeyError, match="no entry 'opt.v'"):
             store.crcs("opt.v")
+
+
+# ----------------------------------------------------------------------------- single slot
+
+ENTRIES_1 = {"opt.mu.w": ((3000,), "float32"), "opt.nu.w": ((3000,), "bfloat16")}
+
+
+def test_single_slot_writes_in_place_with_half_the_disk(tmp_path):
+    two = PageStore.create(tmp_path / "two", ENTRIES_1, chunk_bytes=KB4)
+    one = PageStore.create(tmp_path / "one", ENTRIES_1, chunk_bytes=KB4, slots=1)
+    assert len(two.file_table()) == 4 and len(one.file_table()) == 2
+    assert all(p.endswith(".A.page") for p in one.file_table())
+    for name in ENTRIES_1:  # both slot names address the one file
+        for c in range(len(one.entries[name].chunks)):
+            assert one.file_id(name, "A", c) == one.file_id(name, "B", c)
+    assert one.layout.slot_bytes == two.layout.slot_bytes
+    assert one._files.disk_bytes() * 2 == two._files.disk_bytes()
+    for v in range(1, 5):
+        data = {n: _rand(s, d, seed=v) for n, (s, d) in ENTRIES_1.items()}
+        for store in (one, two):
+            for n, a in data.items():
+                store.write(n, a)
+            assert store.commit() == v
+            for n, a in data.items():
+                assert _same_bits(store.read(n), a)
+    two.close()
+    one.close()
+    assert not os.path.exists(tmp_path / "one" / _store.IN_PLACE_MARK)  # clean close
+    with PageStore.open(tmp_path / "one") as store:
+        assert store.layout.slots == 1 and store.version == 4 and store.verify() == 5
+        for n, a in data.items():
+            assert _same_bits(store.read(n), a)
+        assert os.path.exists(tmp_path / "one" / _store.IN_PLACE_MARK)  # marked while open
+    manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    assert manifest["slots"] == 1
+    assert manifest["entries"]["opt.mu.w"]["file"] == {"A": "data/opt.mu.w.A.page",
+                                                       "B": "data/opt.mu.w.A.page"}
+
+
+def test_single_slot_reading_an_overwritten_chunk_says_why(tmp_path):
+    with PageStore.create(tmp_path / "s", ENTRIES_1, chunk_bytes=KB4, slots=1) as store:
+        store.write("opt.mu.w", _rand((3000,), "float32"))
+        store.write("opt.nu.w", _rand((3000,), "bfloat16"))
+        store.commit()
+        store.write_chunk("opt.mu.w", 1, np.zeros(1024, np.float32))
+        with pytest.raises(PageStoreError, match="overwritten in place by an uncommitted"):
+            store.read("opt.mu.w")
+        assert _same_bits(store.read("opt.nu.w"), _rand((3000,), "bfloat16"))
+
+
+def test_slots_must_match_and_be_valid(tmp_path):
+    PageStore.create(tmp_path / "s", ENTRIES_1, chunk_bytes=KB4, slots=1).close()
+    with pytest.raises(PageStoreLayoutError, match="slots: store has 1, requested 2"):
+        PageStore.open_or_create(tmp_path / "s", ENTRIES_1, chunk_bytes=KB4)
+    with PageStore.open_or_create(tmp_path / "s", ENTRIES_1, chunk_bytes=KB4, slots=1) as s:
+        assert s.layout.slots == 1
+    for bad in (0, 3, "1", True):
+        with pytest.raises(PageStoreLayoutError, match="slots must be 2 .* or 1"):
+            PageStore.create(tmp_path / "t", ENTRIES_1, chunk_bytes=KB4, slots=bad)
+
+
+def test_manifest_without_slots_reads_as_two(tmp_path):
+    _committed(tmp_path)
+    path = tmp_path / "s" / "manifest.json"
+    doc = json.loads(path.read_text())
+    del doc["slots"]  # as written before single-slot stores existed
+    path.write_text(json.dumps(doc))
+    with PageStore.open(tmp_path / "s") as store:
+        assert store.layout.slots == 2 and store.verify() > 0

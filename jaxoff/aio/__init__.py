@@ -28,6 +28,7 @@ from ._store_errors import PageStoreFullError as PageStoreFullError
 from ._store_errors import PageStoreLayoutError as PageStoreLayoutError
 from ._store_errors import PageStoreLockedError as PageStoreLockedError
 from ._store_errors import PageStoreNotFoundError as PageStoreNotFoundError
+from ._store_errors import PageStoreTornError as PageStoreTornError
 
 __all__ = [
     "Engine",
@@ -51,6 +52,7 @@ __all__ = [
     "Layout",
     "PageStore",
     "PageStoreCorruptError",
+    "PageStoreTornError",
     "PageStoreError",
     "PageStoreFormatError",
     "PageStoreFullError",

@@ -93,12 +93,16 @@ class Layout:
         goes to directory ``i % len(dirs)`` (round robin), one file per (entry, slot, dir).
       entries: the entries, in order; "entry index" everywhere means a position here.
       align: alignment of offsets and padded sizes.
+      slots: page files per entry and directory. 2 (the default): slots A and B are separate
+        files and a commit is atomic. 1: both slot names address the one ``.A.page`` file,
+        so new versions are written in place; half the disk, no rollback (see `PageStore`).
     """
 
     chunk_bytes: int
     dirs: tuple[str, ...]
     entries: tuple[EntryLayout, ...]
     align: int = ALIGN
+    slots: int = 2
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -126,8 +130,11 @@ class Layout:
         return self.entries[self.index(name)]
 
     def relpath(self, name: str, slot: str, stripe: int) -> str:
-        """Path of a page file, relative to the store root unless its directory is absolute."""
+        """Path of a page file, relative to the store root unless its directory is absolute.
+
+        With ``slots == 1`` both slots name the slot-A file."""
         check_slot(slot)
+        slot = slot if self.slots == 2 else SLOTS[0]
         return os.path.join(self.dirs[stripe], f"{self.entry(name).stem}.{slot}.page")
 
     def _index_map(self) -> dict[str, int]:
@@ -275,6 +282,7 @@ def plan_layout(
     entries: Mapping[str, Any] | Layout,
     chunk_bytes: int | None = None,
     dirs: list[str] | tuple[str, ...] | None = None,
+    slots: int | None = None,
 ) -> Layout:
     """Plans a page store layout without creating anything.
 
@@ -285,6 +293,7 @@ def plan_layout(
       chunk_bytes: bytes per chunk, a positive multiple of 4096 (e.g. ``16 << 20``).
       dirs: data directories (absolute, or relative to the store root) over which chunks are
         striped round robin; default ``("data",)``.
+      slots: 2 (default; crash-consistent commits) or 1 (in place, half the disk).
 
     Returns:
       The `Layout`.
@@ -303,6 +312,8 @@ def plan_layout(
             )
         if dirs is not None and tuple(os.fspath(d) for d in dirs) != entries.dirs:
             raise PageStoreLayoutError(f"dirs={dirs!r} disagree with the layout's {entries.dirs}")
+        if slots is not None and check_slots(slots) != entries.slots:
+            raise PageStoreLayoutError(f"slots={slots} disagrees with the layout's {entries.slots}")
         return entries
     if chunk_bytes is None:
         raise PageStoreLayoutError("chunk_bytes is required (bytes per chunk, e.g. 16 << 20)")
@@ -321,7 +332,18 @@ def plan_layout(
     for name, spec in entries.items():
         shape, dtype = _shape_dtype(name, spec)
         planned.append(plan_entry(name, shape, dtype, stems[name], chunk_bytes, len(dirs)))
-    return Layout(chunk_bytes, dirs, tuple(planned))
+    slots = check_slots(2 if slots is None else slots)
+    return Layout(chunk_bytes, dirs, tuple(planned), slots=slots)
+
+
+def check_slots(slots: Any) -> int:
+    if isinstance(slots, bool) or slots not in (1, 2):
+        raise PageStoreLayoutError(
+            f"slots must be 2 (every commit atomic: a crash leaves the previous version) or 1 "
+            f"(updates in place: half the disk, but a crash mid-update loses the store and "
+            f"training resumes from a checkpoint), got {slots!r}"
+        )
+    return int(slots)
 
 
 def check_dirs(dirs: Any) -> tuple[str, ...]:
@@ -342,6 +364,8 @@ def layout_differences(have: Layout, want: Layout) -> list[str]:
     diffs = []
     if have.chunk_bytes != want.chunk_bytes:
         diffs.append(f"chunk_bytes: store has {have.chunk_bytes}, requested {want.chunk_bytes}")
+    if have.slots != want.slots:
+        diffs.append(f"slots: store has {have.slots}, requested {want.slots}")
     if tuple(map(os.path.normpath, have.dirs)) != tuple(map(os.path.normpath, want.dirs)):
         diffs.append(f"dirs: store has {list(have.dirs)}, requested {list(want.dirs)}")
     have_e = {e.name: e for e in have.entries}

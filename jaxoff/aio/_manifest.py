@@ -14,6 +14,7 @@ from jaxoff.aio._layout import (
     Layout,
     check_chunk_bytes,
     check_dirs,
+    check_slots,
     parse_dtype,
     plan_entry,
 )
@@ -63,6 +64,7 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
         "align": ALIGN,
         "entries": entries,
         "dirs": list(layout.dirs),
+        "slots": layout.slots,
     }
 
 
@@ -130,6 +132,7 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
         raise ValueError(f"align is {doc['align']}, expected {ALIGN}")
     chunk_bytes = check_chunk_bytes(doc["chunk_bytes"])
     dirs = check_dirs(doc["dirs"])
+    slots = check_slots(doc.get("slots", 2))  # stores written before single-slot had two
     entries = []
     crcs: Crcs = {s: {} for s in SLOTS}
     for name, rec in doc["entries"].items():
@@ -147,7 +150,8 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
         if rec["nbytes"] != e.nbytes:
             raise ValueError(f"entry {name!r}: nbytes {rec['nbytes']} != {e.nbytes}")
         for s in SLOTS:
-            want = [os.path.join(dirs[k], f"{stem}.{s}.page") for k in range(len(e.file_sizes))]
+            phys = s if slots == 2 else SLOTS[0]
+            want = [os.path.join(dirs[k], f"{stem}.{phys}.page") for k in range(len(e.file_sizes))]
             got = rec["file"][s]
             if (got if isinstance(got, list) else [got]) != want:
                 raise ValueError(f"entry {name!r}: files {got!r}, expected {want!r}")
@@ -160,7 +164,7 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
         entries.append(e)
     if len({e.stem.lower() for e in entries}) != len(entries):
         raise ValueError("two entries share a page file")
-    return Layout(chunk_bytes, dirs, tuple(entries)), version, crcs
+    return Layout(chunk_bytes, dirs, tuple(entries), slots=slots), version, crcs
 
 
 def write(root: str, layout: Layout, version: int, crcs: Crcs) -> None:

@@ -20,14 +20,18 @@ from jaxoff.aio._layout import (
     plan_layout,
 )
 from jaxoff.aio._lock import StoreLock
-from jaxoff.aio._pageio import _io_read, _io_write
+from jaxoff.aio._pageio import _io_read, _io_write, fsync_dir
 from jaxoff.aio._store_errors import (
     RESTORE_HINT,
     PageStoreCorruptError,
     PageStoreError,
     PageStoreLayoutError,
+    PageStoreTornError,
 )
 from jaxoff.aio._store_files import FileTable
+
+IN_PLACE_MARK = "IN_PLACE_OPEN"
+"""File present while a single-slot store is open (or after its user died)."""
 
 
 class PageStore:
@@ -37,6 +41,14 @@ class PageStore:
     slot). New data goes to the other (inactive) slot; `commit` fsyncs it, records its crc32c
     checksums and atomically makes it version ``V + 1``, so a crash at any moment leaves the
     last committed version readable. The store is locked for one user while it is open.
+
+    A single-slot store (``slots=1``) keeps one file per entry: both slot names address it, so
+    new versions are written in place over the committed one. It needs half the disk, but a
+    crash during an update leaves a mix of two versions that no commit describes. Such a
+    store is marked ``IN_PLACE_OPEN`` while open; opening a store that still carries the mark
+    (its process died) checks every chunk against the last commit and raises
+    `PageStoreTornError` if any was overwritten: the optimizer state must then come from a
+    checkpoint. Reads verify checksums in any case.
 
     Construct with `create`, `open` or `open_or_create`, never directly.
 
@@ -74,6 +86,7 @@ class PageStore:
         chunk_bytes: int | None = None,
         dirs: list[str] | None = None,
         exist_ok: bool = False,
+        slots: int = 2,
     ) -> PageStore:
         """Creates an empty store (version 0, nothing written) and returns it open.
 
@@ -84,13 +97,14 @@ class PageStore:
           dirs: data directories (absolute or relative to ``root``), striped round robin.
           exist_ok: if a store already exists at ``root``, re-initialise it (its data is
             discarded; page files with the same names are reused) instead of raising.
+          slots: 2 (atomic commits) or 1 (in-place updates, half the disk; see the class doc).
 
         Raises:
           PageStoreLayoutError: bad arguments. PageStoreFullError: not enough disk space.
           PageStoreLockedError: the store is in use. PageStoreError: ``root`` holds a store
             (and ``exist_ok`` is false) or unrelated files.
         """
-        layout = plan_layout(layout_or_entries, chunk_bytes, dirs)
+        layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
         root = os.path.abspath(os.fspath(root))
         os.makedirs(root, exist_ok=True)
         lock = StoreLock(root)
@@ -107,6 +121,7 @@ class PageStore:
         Raises:
           PageStoreNotFoundError: no store at ``root``. PageStoreFormatError: bad manifest.
           PageStoreCorruptError: a page file of the committed version is missing or short.
+          PageStoreTornError: a single-slot store was left mid-update by a crash.
           PageStoreLockedError: the store is in use.
         """
         root = os.path.abspath(os.fspath(root))
@@ -127,14 +142,16 @@ class PageStore:
         *,
         chunk_bytes: int | None = None,
         dirs: list[str] | None = None,
+        slots: int = 2,
     ) -> PageStore:
-        """Opens the store at ``root`` if it has this layout, else creates it.
+        """Opens the store at ``root`` if it has this layout (``slots`` included), else
+        creates it.
 
         Raises:
           PageStoreLayoutError: a store exists with a different layout (the message lists
             the differences).
         """
-        layout = plan_layout(layout_or_entries, chunk_bytes, dirs)
+        layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
         root = os.path.abspath(os.fspath(root))
         os.makedirs(root, exist_ok=True)
         lock = StoreLock(root)  # before looking, so two racing callers cannot both create
@@ -170,7 +187,7 @@ class PageStore:
             except PageStoreError:
                 pass  # unreadable: nothing to clean up that we could name
         elif not exist_ok:
-            ours = {"LOCK", _manifest.MANIFEST_TMP}
+            ours = {"LOCK", _manifest.MANIFEST_TMP, IN_PLACE_MARK}
             ours |= {d.split(os.sep)[0] for d in layout.dirs if not os.path.isabs(d)}
             strangers = sorted(set(os.listdir(root)) - ours)
             if strangers:
@@ -184,6 +201,7 @@ class PageStore:
         if old_layout is not None:
             store._files.remove_stale(root, old_layout)
         _manifest.write(root, layout, 0, crcs)
+        store._mark_in_place()
         return store
 
     @classmethod
@@ -191,6 +209,9 @@ class PageStore:
         layout, version, crcs = _manifest.read(root)
         store = cls(root, layout, version, crcs, lock)
         store._files.check(crcs, store.active_slot, version)
+        if layout.slots == 1 and os.path.exists(os.path.join(root, IN_PLACE_MARK)):
+            store._check_not_torn()
+        store._mark_in_place()
         return store
 
     # ----------------------------------------------------------------- properties
@@ -382,7 +403,17 @@ class PageStore:
         return self._files.disk_bytes() + manifest.st_blocks * 512
 
     def close(self) -> None:
-        """Releases the lock; uncommitted writes are discarded. Idempotent."""
+        """Releases the lock; uncommitted writes are discarded. Idempotent.
+
+        A single-slot store keeps its ``IN_PLACE_OPEN`` mark when writes of this process were
+        not committed (the committed version was partly overwritten): the next open checks it.
+        """
+        if not self.closed and self._layout.slots == 1:
+            if not any(v is not None for vs in self._pending.values() for v in vs):
+                mark = os.path.join(self._root, IN_PLACE_MARK)
+                if os.path.exists(mark):
+                    os.remove(mark)
+                    fsync_dir(self._root)
         self._pending = self._no_crcs()
         self._lock.release()
 
@@ -403,6 +434,30 @@ class PageStore:
         return f"PageStore({self._root!r}, {len(self._layout.entries)} entries, {state})"
 
     # ----------------------------------------------------------------- internals
+
+    def _mark_in_place(self) -> None:
+        """Single slot: marks the store open (durably) until a clean `close`."""
+        if self._layout.slots == 1:
+            path = os.path.join(self._root, IN_PLACE_MARK)
+            with open(path, "w") as f:
+                f.write(f"{os.getpid()}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_dir(self._root)
+
+    def _check_not_torn(self) -> None:
+        """A single-slot store whose last user did not close it: every committed chunk must
+        still be what the last commit recorded."""
+        try:
+            self.verify()
+        except PageStoreCorruptError as e:  # (the caller releases the lock; the mark stays)
+            raise PageStoreTornError(
+                f"page store {self._root} is single-slot (slots=1, updated in place) and its "
+                f"last user stopped during an update: parts of version {self._version} were "
+                f"already overwritten ({str(e).split('; first: ')[0]}). A single-slot store "
+                "cannot roll back: " + RESTORE_HINT + ". Use slots=2 for stores that survive "
+                "a crash mid-update"
+            ) from None
 
     def _no_crcs(self) -> dict[str, list[int | None]]:
         return {e.name: [None] * len(e.chunks) for e in self._layout.entries}
@@ -442,8 +497,15 @@ class PageStore:
         c = e.chunks[index]
         slot = self.active_slot if slot is None else check_slot(slot)
         want = self._crcs[slot][e.name][index]
-        if slot == self.inactive_slot and self._pending[e.name][index] is not None:
-            want = self._pending[e.name][index]  # read back what this process just wrote
+        if self._pending[e.name][index] is not None:
+            if slot == self.inactive_slot:
+                want = self._pending[e.name][index]  # read back what this process just wrote
+            elif self._layout.slots == 1:
+                raise PageStoreError(
+                    f"chunk {index} of {e.name!r} of version {self._version} was overwritten "
+                    "in place by an uncommitted write (single-slot store): read it before "
+                    "writing, or use slots=2"
+                )
         if want is None:
             raise PageStoreError(
                 f"chunk {index} of {e.name!r} in slot {slot} holds no data: "

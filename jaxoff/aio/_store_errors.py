@@ -28,6 +28,10 @@ class PageStoreCorruptError(PageStoreError):
     """Committed data fails its checksum, or a page file is missing or too short."""
 
 
+class PageStoreTornError(PageStoreCorruptError):
+    """A single-slot store was left mid-update: its committed version is partly overwritten."""
+
+
 class PageStoreLockedError(PageStoreError):
     """Another process (or another ``PageStore`` of this process) holds the store's lock."""
 

@@ -24,20 +24,25 @@ TABLE_KEYS = (
 
 
 class FileTable:
-    """All page files of a layout in a fixed order: entry by entry, slot A then B, stripe."""
+    """All page files of a layout in a fixed order: entry by entry, slot A then B, stripe
+    (a single-slot layout has only the A files)."""
 
     def __init__(self, root: str, layout: Layout):
         self.layout = layout
         self.paths: list[str] = []
         self.ids: dict[tuple[int, str, int], int] = {}  # (entry index, slot, stripe) -> id
         self.sizes: list[int] = []
+        seen: dict[str, int] = {}
         for ei, e in enumerate(layout.entries):
             for s in SLOTS:
                 for k, size in enumerate(e.file_sizes):
-                    self.ids[(ei, s, k)] = len(self.paths)
-                    path = os.path.join(root, layout.relpath(e.name, s, k))
-                    self.paths.append(os.path.normpath(path))
-                    self.sizes.append(size)
+                    # A single-slot layout names one file for both slots: one id for both.
+                    path = os.path.normpath(os.path.join(root, layout.relpath(e.name, s, k)))
+                    if path not in seen:
+                        seen[path] = len(self.paths)
+                        self.paths.append(path)
+                        self.sizes.append(size)
+                    self.ids[(ei, s, k)] = seen[path]
         self._tables: dict[str, dict[str, np.ndarray]] = {}
 
     def path(self, ei: int, slot: str, stripe: int) -> str:
@@ -80,7 +85,12 @@ class FileTable:
         Files of the inactive slot (or never written) hold nothing that is needed, so a missing
         or short one is simply re-created at its size.
         """
-        for (ei, s, _), fid in self.ids.items():
+        done = set()
+        # The active slot first: in a single-slot layout its file is also the other slot's.
+        for (ei, s, _), fid in sorted(self.ids.items(), key=lambda kv: kv[0][1] != active_slot):
+            if fid in done:
+                continue
+            done.add(fid)
             e = self.layout.entries[ei]
             path, want = self.paths[fid], self.sizes[fid]
             size = file_size(path)

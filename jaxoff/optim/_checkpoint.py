@@ -93,7 +93,7 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
     """
     pager = _pager(tx)
     plan = pager.plan(params)
-    store = pager.open_store(plan)
+    store = pager.open_store(plan, discard_torn=True)  # every chunk is rewritten below
     directory = os.path.abspath(os.fspath(directory))
     path = os.path.join(directory, MANIFEST)
     try:

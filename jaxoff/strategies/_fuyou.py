@@ -169,7 +169,8 @@ def _layout(tx, params) -> _Layout:
         store_of.append((len(plan.entries), -1))
         store = pager.store
         if store is None or store.closed:
-            store = PageStore.open_or_create(pager.root, entries, chunk_bytes=pager.chunk_bytes)
+            store = PageStore.open_or_create(pager.root, entries, chunk_bytes=pager.chunk_bytes,
+                                             slots=pager.slots)
         if list(store.entries) != list(entries):
             raise PageStoreError(
                 f"page store {pager.root} holds other entries than the fuyou layout of this "
@@ -272,11 +273,17 @@ def _used_inputs(fn, *args) -> list[bool]:
     return [id(v) in used for v in closed.jaxpr.invars]
 
 
-def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
+def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bool = False):
     """``train_step(state, inputs, targets) -> (state, metrics)`` with the update in backward.
 
     Same contract as ``jaxoff.train.make_train_step`` (the caller jits it with
     ``donate_argnums=0``); ``state.opt_state`` comes from `fuyou_init`.
+
+    ``blocks_as_bits``: the stacked block leaves of ``state.params`` come (and go back) as
+    their raw bits (`blocks_to_bits`). XLA's CPU backend computes 16-bit floats in float32,
+    slicing and updating included, so the scans run over bit patterns either way; given
+    floats, the step converts them to bits and back (a second copy of the blocks while it
+    runs), given bits it updates them in place. Use it when the model nearly fills RAM.
 
     Raises:
       ConfigError: ``tx`` is not a paged optimizer, or holds a global operation (clipping).
@@ -294,8 +301,13 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
     def back(model, h, targets):
         return cross_entropy(model.head(model.final_norm(h)).astype(jnp.float32), targets)
 
+    param_dtype = jnp.dtype(cfg.param_dtype)
+
     def train_step(state, inputs, targets):
-        lay = _layout(tx, state.params)
+        as_floats = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, param_dtype)
+                                  if jnp.issubdtype(x.dtype, jnp.unsignedinteger) else x,
+                                  state.params) if blocks_as_bits else state.params)
+        lay = _layout(tx, as_floats)
         plan, opt = lay.plan, state.opt_state
         leaves = plan.params_def.flatten_up_to(state.params)
         bidx = [i for i, b in enumerate(lay.blocks) if b]
@@ -310,7 +322,8 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
             return nnx.merge(graphdef, jax.tree.unflatten(plan.params_def, full))
 
         rest = [leaves[i] for i in ridx]
-        stacked = [leaves[i] for i in bidx]
+        dtypes = [plan.leaves[i].dtype for i in bidx]
+        stacked = [leaves[i] if blocks_as_bits else _bits(leaves[i]) for i in bidx]
         bgraph = nnx.split(merged(rest, stacked).blocks)[0]
         bdef = jax.tree.structure(nnx.split(merged(rest, stacked).blocks)[1])
 
@@ -321,10 +334,14 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
         fwd = lambda r, t: front(merged(r, stacked), t)  # noqa: E731
         x0, front_vjp = jax.vjp(lambda r: fwd(r, inputs), rest)
 
-        def fbody(h, layer):
-            return block(layer, h), h
+        # Both scans slice layer j out of the stacked leaves' bits: XLA's CPU backend
+        # computes 16-bit floats in float32, dynamic slices and updates included, and would
+        # make a float32 copy of every stacked leaf (twice the blocks' bytes) and rewrite it
+        # whole at every layer.
+        def fbody(h, j):
+            return block(_layer(stacked, j, dtypes), h), h
 
-        h, saved = lax.scan(fbody, x0, stacked)
+        h, saved = lax.scan(fbody, x0, jnp.arange(lay.num_layers))
         bk = lambda r, h: back(merged(r, stacked), h, targets)  # noqa: E731
         loss, back_vjp = jax.vjp(bk, rest, h)
         g_back, gh = back_vjp(jnp.ones((), loss.dtype))
@@ -347,10 +364,17 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
 
         bleaves = [plan.leaves[i] for i in bidx]
 
-        # backward: layer j's gradients, then layer j's paged update, in one scan step
+        # backward: layer j's gradients, then layer j's paged update, in one scan step. The
+        # stacked parameters are the loop's carry, updated in place layer by layer (with the
+        # state donated, in the parameters' own buffers: no second copy of the model).
+        # Layer j's new values are written one step late, at the top of the next step, and
+        # layer j - 1 is read from what that write returns: every read of the stacked leaves
+        # then follows every write, and XLA needs no copy of a leaf to keep an old value.
         def bbody(carry, xs):
-            gh, tok = carry
-            layer, h_in, crcs, fids, offs = xs
+            gh, tok, blocks, pending, pending_j = carry
+            j, h_in, crcs, fids, offs = xs
+            blocks = _put_layer(blocks, pending, pending_j)
+            layer = _layer(blocks, j, dtypes)
             # The pipeline reads materialised gradients (as jaxoff.paged does): no fusion of
             # the gradient's last ops into some chunks' updates and not others.
             _, vjp = jax.vjp(block, layer, h_in)
@@ -363,14 +387,21 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
                 new_layer.append(p_new)
                 out_crcs.append(c_new)
                 sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
-            return (gh, tok), (new_layer, out_crcs, jnp.stack(sq))
+            pending = [_bits(x) for x in new_layer]
+            return (gh, tok, blocks, pending, j), (out_crcs, jnp.stack(sq))
 
         def per_leaf(table):
             return [[table[k] for k in leaf.entries] for leaf in bleaves]
 
-        xs = (stacked, saved, per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
-        (gh, tok), (new_stacked, crcs_b, sq_b) = lax.scan(
-            bbody, (gh, new_token()), xs, reverse=True)
+        xs = (jnp.arange(lay.num_layers), saved, per_leaf(opt.crcs), per_leaf(lay.fids),
+              per_leaf(lay.offs))
+        last = lay.num_layers - 1  # first written: the top layer, unchanged
+        top = [lax.dynamic_index_in_dim(b, last, keepdims=False) for b in stacked]
+        (gh, tok, new_stacked, pending, pending_j), (crcs_b, sq_b) = lax.scan(
+            bbody, (gh, new_token(), stacked, top, jnp.asarray(last)), xs, reverse=True)
+        new_stacked = _put_layer(new_stacked, pending, pending_j)
+        if not blocks_as_bits:
+            new_stacked = [_unbits(b, d) for b, d in zip(new_stacked, dtypes, strict=True)]
         for leaf, cs in zip(bleaves, crcs_b, strict=True):
             for k, c in zip(leaf.entries, cs, strict=True):
                 new_crcs[k] = c
@@ -411,6 +442,57 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx):
                 {"loss": loss, "grad_norm": grad_norm})
 
     return train_step
+
+
+def _layer(stacked: list[jax.Array], j, dtypes) -> list[jax.Array]:
+    """Layer ``j`` of the stacked leaves' bits, as floats (see the scans).
+
+    The slices are materialised (the barrier) before anything else uses them: a slice fused
+    into a consumer scheduled after the backward loop's in-place update of the same leaf
+    would make XLA copy the whole stacked leaf at every layer to keep the old value."""
+    return lax.optimization_barrier([_unbits(lax.dynamic_index_in_dim(x, j, keepdims=False), d)
+                                     for x, d in zip(stacked, dtypes, strict=True)])
+
+
+def _put_layer(stacked: list[jax.Array], layer: list[jax.Array], j) -> list[jax.Array]:
+    return [lax.dynamic_update_index_in_dim(b, x, j, 0)
+            for b, x in zip(stacked, layer, strict=True)]
+
+
+def _bits(x: jax.Array) -> jax.Array:
+    """A float array's bits as unsigned integers of its width; other arrays as they are."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    return lax.bitcast_convert_type(x, jnp.dtype(f"uint{x.dtype.itemsize * 8}"))
+
+
+def _unbits(x: jax.Array, dtype) -> jax.Array:
+    return x if x.dtype == dtype else lax.bitcast_convert_type(x, dtype)
+
+
+def _is_block_path(path) -> bool:
+    return path_name(path[:1]) == BLOCKS
+
+
+def blocks_to_bits(params):
+    """``params`` with every float leaf of the stacked blocks replaced by its bits (uint16
+    for bfloat16), converted in place: the arrays given are donated. For
+    ``make_fuyou_step(..., blocks_as_bits=True)``."""
+    return _map_blocks(params, _bits)
+
+
+def blocks_from_bits(params, dtype):
+    """The inverse of `blocks_to_bits` (the block leaves become ``dtype`` again, in place)."""
+    dtype = jnp.dtype(dtype)
+    return _map_blocks(params, lambda x: x if not jnp.issubdtype(x.dtype, jnp.unsignedinteger)
+                       else _unbits(x, dtype))
+
+
+def _map_blocks(params, fn):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    convert = jax.jit(fn, donate_argnums=0)
+    return jax.tree.unflatten(treedef, [convert(x) if _is_block_path(p) else x
+                                        for p, x in flat])
 
 
 def _commit(lay: _Layout, version, crcs, token) -> np.ndarray:
