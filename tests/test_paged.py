@@ -77,7 +77,9 @@ def run_reference(inner, params, steps, clip=None, dtype=jnp.float32):
     @jax.jit
     def grad_fn(p, x, y, clip_state):
         g = jax.lax.optimization_barrier(jax.grad(loss_fn)(p, x.astype(dtype), y))
-        if clip is not None:  # global ops on the gradients in RAM, in the same program
+        # Global ops on the gradients in RAM, in the same program; the clipped gradients are
+        # its outputs, materialised, as the paged pipeline reads them (Pager._step).
+        if clip is not None:
             g, clip_state = clip.update(g, clip_state, p)
         return g, clip_state
 
@@ -140,14 +142,6 @@ def test_bitwise_equal_to_optax(tmp_path, name, clip, chunk_bytes):
     want, ref_master, ref_moments = run_reference(inner, mlp_params(), 20,
                                                   clipper if clip else None)
     got, state, step = run(tx, mlp_params(), 20, fused=True)
-    if clip:
-        # KNOWN GAP: with clipping the last bit differs (max 1 ulp-level drift over 20 steps):
-        # XLA compiles the clip's scaling by 1/norm differently in the two programs.
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
-        assert step._cache_size() == 1
-        ptx.close()
-        return
     assert_trees_equal(got, want)
     n = check_store(ptx, got, ref_master, ref_moments)
     assert n == {"adamw": 2, "adam": 2, "lion": 1, "sgd": 1, "rmsprop": 1}[name] * 5

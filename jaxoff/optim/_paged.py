@@ -306,10 +306,6 @@ class Pager:
             pre_state = jax.tree.unflatten(plan.pre_def, pre_ram)
             grads, pre_state = self.pre.update(grads, pre_state, params, **extra)
             pre_ram = jax.tree.leaves(pre_state)
-        # The pipeline reads materialised gradients: without the barrier XLA would fuse the
-        # last ops of the gradient (or of clipping) into some chunks' updates and not others,
-        # changing FMA contraction and hence the last bit.
-        grads = lax.optimization_barrier(grads)
         new_inner_ram = _chunk.ram_update(plan, self.inner, self.master_dtype, inner_ram, extra)
         read_slot = (state.version % 2).astype(jnp.int32)
         g_leaves = plan.params_def.flatten_up_to(grads)
@@ -322,12 +318,16 @@ class Pager:
         for leaf, g, p in zip(plan.leaves, g_leaves, p_leaves, strict=True):
             compute = functools.partial(self._compute, plan, leaf, g.reshape(-1), p.reshape(-1),
                                         inner_ram, extra, apply)
+            pipeline = functools.partial(
+                page_leaf, self.table, [ios[k] for k in leaf.entries],
+                [state.crcs[k] for k in leaf.entries], read_slot, leaf.chunk_elems,
+                leaf.n_full, leaf.tail)
             out = (p.reshape(-1) if apply
                    else jnp.zeros((leaf.size,), self.master_dtype))
-            out, crcs, tok = page_leaf(
-                self.table, [ios[k] for k in leaf.entries],
-                [state.crcs[k] for k in leaf.entries], read_slot, leaf.chunk_elems,
-                leaf.n_full, leaf.tail, out, compute, tok, split_phase=split)
+            # The pipeline reads materialised gradients (see _one_trip): fused into some
+            # chunks' updates and not others, the last ops of the gradient (or of clipping)
+            # would change FMA contraction and hence the last bit.
+            out, crcs, tok = _one_trip(pipeline, out, compute, tok, split_phase=split)
             for k, c in zip(leaf.entries, crcs, strict=True):
                 new_crcs[k] = c
             outs.append(out.reshape(leaf.shape))
@@ -385,6 +385,26 @@ class Pager:
         new = store.commit({n: np.asarray(c, np.uint32).reshape(-1)
                             for n, c in zip(names, crcs, strict=True)})
         return np.asarray(new, np.int32)
+
+
+def _one_trip(fn, carry, *args, **kwargs):
+    """``fn(carry, *args, **kwargs)`` (a tuple, carry first), run as the body of a one-trip loop.
+
+    XLA:CPU removes optimization barriers before fusion, so a barrier does not keep the
+    last ops of a leaf's gradient (clipping's ``g / norm * max_norm``, a sum of gradient
+    contributions, ...) out of the fused chunk updates; fused, they change how LLVM contracts
+    the update's multiply-adds to FMA, hence its last bit (and only in the chunks outside the
+    pipeline's scan, which reads the gradient as a loop operand). A loop's operands are
+    materialised buffers: every chunk reads the gradient from memory, as plain optax reads
+    a jitted update's argument. The body's paging calls have side effects, so XLA keeps the
+    loop although it runs once.
+    """
+    def body(c, _):
+        c, *rest = fn(c, *args, **kwargs)
+        return c, tuple(rest)
+
+    carry, rest = lax.scan(body, carry, None, length=1)
+    return (carry, *(jax.tree.map(lambda x: x[0], r) for r in rest))
 
 
 def _slice_bits(flat: jax.Array, start, n: int) -> jax.Array:
