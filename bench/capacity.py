@@ -13,8 +13,12 @@ Modes:
   plain-bf16  bf16 parameters and gradients in RAM, fp32 masters and fp32 moments in RAM
               (mixed precision without paging: 2 + 2 + 12 = 16 B/param).
   paged       bf16 parameters and gradients in RAM, ``jaxoff.optim.paged(optax.adamw)`` with
-              fp32 masters and moments in a page store under ``--store-dir`` (2 slots x
+              fp32 masters and moments in a page store under ``--store-dir`` (``--slots`` x
               12 B/param on disk), stepped with ``jaxoff.optim.update_and_apply``.
+  fuyou       the same paged AdamW, run inside the backward layer scan
+              (``jaxoff.strategies`` fuyou: layer j's update as soon as its gradients exist,
+              so only one layer's gradients are ever in RAM), with the stacked blocks kept as
+              their bits and updated in place (``blocks_as_bits``): ~2 B/param in RAM.
 
 Sizes: GPT-2 shapes (``d_ff = 4 d_model``, head dim 128, learned positions, 256-byte vocab)
 at a fixed width ``--d-model`` (default 2048, as in the 1.21B baseline of
@@ -47,9 +51,9 @@ import time
 from pathlib import Path
 
 GIB = 1 << 30
-MODES = ("plain", "plain-bf16", "paged")
+MODES = ("plain", "plain-bf16", "paged", "fuyou")
+PAGED_MODES = ("paged", "fuyou")
 STORE_BYTES_PER_PARAM = 12  # fp32 master + mu + nu, per slot
-SLOTS = 2
 _PHASE = ["start"]  # what the child is doing, for the watchdog's verdict
 
 
@@ -60,7 +64,7 @@ def model_config(num_layers: int, d_model: int, seq_len: int, mode: str):
     """GPT-2-shaped config of ``num_layers`` blocks of width ``d_model`` for ``mode``."""
     from models.gpt import GPTConfig
 
-    bf16 = mode in ("paged", "plain-bf16")
+    bf16 = mode in ("paged", "fuyou", "plain-bf16")
     dtype = "bfloat16" if bf16 else "float32"
     return GPTConfig(
         num_layers=num_layers,
@@ -92,9 +96,9 @@ def state_bytes_per_param(mode: str) -> dict[str, int]:
     return {"params": 2, "grads": 2, "moments": 8, "masters": 4}
 
 
-def store_bytes(n_params: int, mode: str) -> int:
-    """Disk the page store needs (both slots, chunk padding ignored)."""
-    return SLOTS * STORE_BYTES_PER_PARAM * n_params if mode == "paged" else 0
+def store_bytes(n_params: int, mode: str, slots: int = 2) -> int:
+    """Disk the page store needs (every slot, chunk padding ignored)."""
+    return slots * STORE_BYTES_PER_PARAM * n_params if mode in PAGED_MODES else 0
 
 
 # ----------------------------------------------------------------------------- child
@@ -170,7 +174,7 @@ def _build_params(cfg):
 
 
 def run_probe(mode: str, num_layers: int, d_model: int, seq_len: int, batch_size: int,
-              steps: int, store_dir: str | None, lr: float = 1e-4) -> dict:
+              steps: int, store_dir: str | None, lr: float = 1e-4, slots: int = 2) -> dict:
     """Builds the model of ``mode``, runs ``steps`` train steps in this process; returns the
     record (without peak RSS, which the parent takes from ``wait4``)."""
     import jax
@@ -229,13 +233,28 @@ def run_probe(mode: str, num_layers: int, d_model: int, seq_len: int, batch_size
     elif mode == "paged":
         from jaxoff.optim import paged, update_and_apply
 
-        tx = paged(optax.adamw(lr), store_dir)
+        tx = paged(optax.adamw(lr), store_dir, slots=slots)
         state = (params, tx.init(params))
 
         def step(state, x, y):
             p, s = state
             loss, g = jax.value_and_grad(loss_fn)(p, x, y)
             return update_and_apply(tx, g, s, p), loss
+
+    elif mode == "fuyou":
+        from jaxoff.optim import paged
+        from jaxoff.strategies._fuyou import blocks_to_bits, fuyou_init, make_fuyou_step
+        from jaxoff.train._step import TrainState
+
+        tx = paged(optax.adamw(lr), store_dir, slots=slots)
+        opt = fuyou_init(cfg, tx, params)
+        params = blocks_to_bits(params)  # in place: the arrays are donated
+        state = TrainState(jnp.zeros((), jnp.int32), params, opt)
+        fuyou_step = make_fuyou_step(graphdef, cfg, tx, blocks_as_bits=True)
+
+        def step(state, x, y):
+            state, metrics = fuyou_step(state, x, y)
+            return state, metrics["loss"]
 
     else:
         raise ValueError(f"unknown mode {mode!r}")
@@ -262,7 +281,7 @@ def run_probe(mode: str, num_layers: int, d_model: int, seq_len: int, batch_size
             losses.append(float(loss))
             times.append(time.perf_counter() - t)
         phase("done")
-        rec["store_bytes_on_disk"] = _du(store_dir) if mode == "paged" else 0
+        rec["store_bytes_on_disk"] = _du(store_dir) if mode in PAGED_MODES else 0
     finally:
         if hasattr(tx, "close"):
             tx.close()
@@ -290,7 +309,7 @@ def child_main(a: argparse.Namespace) -> None:
                            result_path, peak, by_phase)).start()
     try:
         rec = run_probe(a.mode, a.layers, a.d_model, a.seq_len, a.batch_size, a.steps,
-                        a.store_dir)
+                        a.store_dir, slots=a.slots)
         rec["status"] = "ok"
     except BaseException as e:  # report any crash as the probe's outcome
         rec = {"status": "error", "why": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -307,7 +326,7 @@ def child_main(a: argparse.Namespace) -> None:
 def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128,
           batch_size: int = 1, steps: int = 3, mem_limit_gib: float | None = None,
           min_available_gib: float = 0.75, store_dir: str | None = None,
-          disk_reserve_gib: float = 4.0, timeout_s: float = 1800.0) -> dict:
+          disk_reserve_gib: float = 4.0, timeout_s: float = 1800.0, slots: int = 2) -> dict:
     """Runs one probe in a child process and returns its record (see the module doc).
 
     ``fits`` is True when the child finished every step with finite losses within the
@@ -325,11 +344,12 @@ def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128
         "mem_limit_gib": mem_limit_gib,
         "state_bytes": sum(per.values()) * n_params,
         "state_bytes_by_part": {k: v * n_params for k, v in per.items()},
-        "store_bytes_needed": store_bytes(n_params, mode),
+        "store_bytes_needed": store_bytes(n_params, mode, slots),
+        "slots": slots if mode in PAGED_MODES else None,
     }
     root = Path(store_dir or tempfile.gettempdir())
     root.mkdir(parents=True, exist_ok=True)
-    if mode == "paged":
+    if mode in PAGED_MODES:
         free = shutil.disk_usage(root).free
         rec["disk_free"] = free
         if rec["store_bytes_needed"] > free - disk_reserve_gib * GIB:
@@ -343,7 +363,7 @@ def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128
            "--layers", str(num_layers), "--d-model", str(d_model), "--seq-len", str(seq_len),
            "--batch-size", str(batch_size), "--steps", str(steps),
            "--mem-limit-gib", str(mem_limit_gib), "--min-available-gib", str(min_available_gib),
-           "--store-dir", str(work / "store"), "--result", str(result)]
+           "--store-dir", str(work / "store"), "--result", str(result), "--slots", str(slots)]
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
@@ -406,11 +426,12 @@ def search(mode: str, start_params: float, *, max_probes: int, grow: float, d_mo
         return records[layers]["fits"]
 
     lo, hi = 0, None  # largest known fit, smallest known failure (layers)
-    if mode == "paged":  # the disk caps the size: never probe (or bracket) above it
+    if mode in PAGED_MODES:  # the disk caps the size: never probe (or bracket) above it
         root = kw.get("store_dir") or tempfile.gettempdir()
         free = shutil.disk_usage(root).free - kw.get("disk_reserve_gib", 4.0) * GIB
-        cap = layers_for(free / (SLOTS * STORE_BYTES_PER_PARAM), d_model, seq_len)
-        while cap > 1 and store_bytes(num_params(cap, d_model, seq_len), mode) > free:
+        slots = kw.get("slots", 2)
+        cap = layers_for(free / (slots * STORE_BYTES_PER_PARAM), d_model, seq_len)
+        while cap > 1 and store_bytes(num_params(cap, d_model, seq_len), mode, slots) > free:
             cap -= 1
         hi = cap + 1
         run(hi)  # recorded as skipped: "disk-bound"
@@ -476,11 +497,12 @@ def summarize(records: list[dict]) -> dict:
     out: dict = {"largest": {m: {k: r.get(k) for k in ("num_layers", "params", "peak_rss",
                                                        "state_bytes", "rss_over_state")}
                              for m, r in best.items()}}
-    if "paged" in best:
-        out["paged_rss_over_state"] = best["paged"]["rss_over_state"]
-        for base in ("plain", "plain-bf16"):
-            if base in best:
-                out[f"paged_over_{base}_params"] = best["paged"]["params"] / best[base]["params"]
+    for m in PAGED_MODES:
+        if m in best:
+            out[f"{m}_rss_over_state"] = best[m]["rss_over_state"]
+            for base in ("plain", "plain-bf16"):
+                if base in best:
+                    out[f"{m}_over_{base}_params"] = best[m]["params"] / best[base]["params"]
     return out
 
 
@@ -500,6 +522,9 @@ def main(argv=None) -> None:
                    help="stop a probe when the machine has less available than this")
     p.add_argument("--store-dir", default=None, help="where paged probes put their store")
     p.add_argument("--disk-reserve-gib", type=float, default=4.0)
+    p.add_argument("--slots", type=int, choices=(1, 2), default=2,
+                   help="page store slots of the paged modes: 2 (crash-safe) or 1 (in place, "
+                        "half the disk)")
     p.add_argument("--start", type=float, nargs="+", default=None,
                    help="start size per mode in parameters, e.g. 1.21e9 3e9 (default: "
                         "1.21e9 for plain modes, the disk cap for paged)")
@@ -522,7 +547,7 @@ def main(argv=None) -> None:
     console = Console(width=max(Console().width, 180))
     if a.mem_limit_gib is None:
         a.mem_limit_gib = psutil.virtual_memory().total / GIB - 1.0
-    starts = a.start or [1.21e9 if m != "paged" else 1e15 for m in a.modes]
+    starts = a.start or [1.21e9 if m not in PAGED_MODES else 1e15 for m in a.modes]
     if len(starts) == 1:
         starts = starts * len(a.modes)
     max_probes = a.max_probes * len(a.modes) if len(a.max_probes) == 1 else a.max_probes
@@ -534,7 +559,7 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     kw = dict(batch_size=a.batch_size, steps=a.steps, mem_limit_gib=a.mem_limit_gib,
               min_available_gib=a.min_available_gib, store_dir=a.store_dir,
-              disk_reserve_gib=a.disk_reserve_gib, timeout_s=a.timeout_s)
+              disk_reserve_gib=a.disk_reserve_gib, timeout_s=a.timeout_s, slots=a.slots)
     with console.status("probing...") as status:
         for mode, start, n_probes in zip(a.modes, starts, max_probes, strict=True):
             def on_probe(r, mode=mode):

@@ -39,6 +39,18 @@ def test_paged_probe_of_a_tiny_model_reports_its_record(capacity, tmp_path):
     assert list(tmp_path.iterdir()) == []  # store and scratch files removed
 
 
+def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
+    r = capacity.probe("fuyou", 3, d_model=128, seq_len=32, steps=2, mem_limit_gib=3,
+                       store_dir=str(tmp_path), timeout_s=180, slots=1)
+    assert r["fits"] is True, r.get("why")
+    assert r["slots"] == 1 and r["store_bytes_needed"] == 12 * r["params"]
+    # one slot: chunk-padded, but less than the two slots of the paged probe
+    assert r["store_bytes_needed"] <= r["store_bytes_on_disk"] < 24 * r["params"]
+    assert r["state_bytes"] == 16 * r["params"]
+    assert abs(r["losses"][0] - math.log(256)) < 0.5 and r["losses"][1] < r["losses"][0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_probe_over_the_memory_limit_is_stopped_and_does_not_fit(capacity, tmp_path):
     r = capacity.probe("plain", 2, d_model=128, seq_len=32, steps=2, mem_limit_gib=0.25,
                        store_dir=str(tmp_path), timeout_s=120)

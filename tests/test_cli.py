@@ -48,6 +48,7 @@ def test_help_documents_every_option():
         (["--seq-len", "4096", "--model", "tiny"], "use a shorter --seq-len"),
         (["--policy", "sometimes"], "not a known policy"),
         (["--lr", "0"], "--lr must be positive"),
+        (["--store-slots", "3"], "--store-slots must be 2 (crash-safe) or 1"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, fix, capsys):

@@ -22,6 +22,8 @@ def _steps(tx, params, state, first, last):
     step = make_step(tx, jnp.bfloat16, fused=True)
     for t in range(first, last):
         params, state = step(params, state, *batch(t))
+    # No step left in flight: a single-slot store is written in place, under any read.
+    jax.block_until_ready((params, state))
     return params, state
 
 

@@ -14,21 +14,10 @@ from jaxoff.aio import PageStoreTornError
 from jaxoff.optim import load_state, paged, restore_paged
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_paged import OPTIMIZERS, assert_trees_equal, batch, make_step, mlp_params  # noqa: E402
+from test_paged import OPTIMIZERS, assert_trees_equal, mlp_params  # noqa: E402
+from test_paged_processes import _steps, _store_bytes  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def _steps(tx, params, state, first, last):
-    step = make_step(tx, jnp.bfloat16, fused=True)
-    for t in range(first, last):
-        params, state = step(params, state, *batch(t))
-    jax.block_until_ready((params, state))  # no step in flight: single-slot writes in place
-    return params, state
-
-
-def _store_bytes(tx):
-    return {n: tx.store.read(n).tobytes() for n in tx.store.entries}
 
 
 def test_single_slot_is_bitwise_the_two_slot_run_on_half_the_disk(tmp_path):
@@ -93,3 +82,12 @@ def test_crash_mid_update_of_a_single_slot_store_resumes_from_the_checkpoint(tmp
     assert _store_bytes(tx) == _store_bytes(tx_ref)
     tx.close()
     tx_ref.close()
+
+
+def test_trainer_passes_store_slots_to_the_paged_optimizer(tmp_path):
+    from jaxoff.train import TrainConfig
+
+    for slots in (1, 2):
+        cfg = TrainConfig(model="tiny", store_slots=slots, out_dir=tmp_path / "out").validate()
+        tx = cfg.build_optimizer()
+        assert tx.pager.slots == slots

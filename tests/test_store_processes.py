@@ -56,6 +56,25 @@ def _kill(proc: subprocess.Popen) -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
+def _spawn_rewriter(root) -> subprocess.Popen:
+    """A child rewriting chunks of ``opt.mu.w`` (7.0s) without committing, until killed."""
+    child = _spawn(
+        """
+        store = PageStore.open(sys.argv[1])
+        new = np.full(16384, 7.0, np.float32)
+        i = 0
+        while True:
+            store.write_chunk("opt.mu.w", i % 64, new)
+            if i == 3:
+                print("writing", flush=True)
+            i += 1
+        """,
+        str(root),
+    )
+    assert _wait_line(child) == "writing"
+    return child
+
+
 def _v1(root) -> dict[str, np.ndarray]:
     data = {
         "opt.mu.w": np.arange(1 << 20, dtype=np.float32),
@@ -151,20 +170,7 @@ def test_lock_is_released_when_the_holder_dies(tmp_path):
 def test_sigkill_while_writing_the_inactive_slot_keeps_the_last_version(tmp_path):
     root = tmp_path / "s"
     data = _v1(root)
-    child = _spawn(
-        """
-        store = PageStore.open(sys.argv[1])
-        new = np.full(16384, 7.0, np.float32)
-        i = 0
-        while True:  # rewrite chunks until killed
-            store.write_chunk("opt.mu.w", i % 64, new)
-            if i == 3:
-                print("writing", flush=True)
-            i += 1
-        """,
-        str(root),
-    )
-    assert _wait_line(child) == "writing"
+    child = _spawn_rewriter(root)
     time.sleep(0.2)
     _kill(child)
     # The kill really hit a store with new data in its inactive slot (A) ...
@@ -262,20 +268,7 @@ def test_single_slot_sigkill_mid_update_is_detected_as_torn(tmp_path):
 
     root = tmp_path / "s"
     _v1_single(root)
-    child = _spawn(
-        """
-        store = PageStore.open(sys.argv[1])
-        new = np.full(16384, 7.0, np.float32)
-        i = 0
-        while True:  # rewrite chunks (in place) until killed
-            store.write_chunk("opt.mu.w", i % 64, new)
-            if i == 3:
-                print("writing", flush=True)
-            i += 1
-        """,
-        str(root),
-    )
-    assert _wait_line(child) == "writing"
+    child = _spawn_rewriter(root)  # in place: the store has one slot
     _kill(child)
     for _ in range(2):  # the store stays refused: the mark is kept until it is re-created
         with pytest.raises(PageStoreTornError, match="single-slot .* stopped during an update"

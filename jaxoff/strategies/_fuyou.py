@@ -375,8 +375,9 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
             j, h_in, crcs, fids, offs = xs
             blocks = _put_layer(blocks, pending, pending_j)
             layer = _layer(blocks, j, dtypes)
-            # The pipeline reads materialised gradients (as jaxoff.paged does): no fusion of
-            # the gradient's last ops into some chunks' updates and not others.
+            # The barriers on the gradients only hold until XLA:CPU drops them, before fusion;
+            # the chunks inside each leaf's scan read the gradient as a loop operand. What
+            # guards the arithmetic is the bitwise test against the sequential paged update.
             _, vjp = jax.vjp(block, layer, h_in)
             g_layer, gh = vjp(gh)
             g_layer = lax.optimization_barrier(g_layer)
@@ -445,11 +446,7 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
 
 
 def _layer(stacked: list[jax.Array], j, dtypes) -> list[jax.Array]:
-    """Layer ``j`` of the stacked leaves' bits, as floats (see the scans).
-
-    The slices are materialised (the barrier) before anything else uses them: a slice fused
-    into a consumer scheduled after the backward loop's in-place update of the same leaf
-    would make XLA copy the whole stacked leaf at every layer to keep the old value."""
+    """Layer ``j`` of the stacked leaves' bits, as floats (see the scans)."""
     return lax.optimization_barrier([_unbits(lax.dynamic_index_in_dim(x, j, keepdims=False), d)
                                      for x, d in zip(stacked, dtypes, strict=True)])
 
