@@ -33,6 +33,18 @@ def _meta(cfg: CompareConfig, **extra) -> dict:
     return {**{k: getattr(cfg, k) for k in keys}, **extra}
 
 
+def _progress(console: Console) -> Progress:
+    """The comparisons' progress bar: what runs now, done/total, time elapsed."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
 def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     """Measures each policy of ``cfg`` and writes compare.{csv,json,png} to ``cfg.out_dir``.
 
@@ -51,14 +63,7 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     runs = cfg.runs()
     measure = measure_isolated if cfg.isolate else measure_policy
     rows = []
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
+    with _progress(console) as progress:
         task = progress.add_task("compare", total=len(runs) * (2 if cfg.check_export else 1) + 1)
         for spec, placement in runs:
             progress.update(task, description=f"compile + run {spec} ({placement})")
@@ -149,14 +154,7 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
 
     console = console or Console()
     names = cfg.strategy_list()
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
+    with _progress(console) as progress:
         task = progress.add_task("compare", total=len(names) + 1)
         progress.update(task, description="baseline FLOPs (none)")
         baseline = baseline_flops(
