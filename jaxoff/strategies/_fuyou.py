@@ -150,7 +150,7 @@ def _layout(tx, params) -> _Layout:
             return lay
         plan = pager.plan(params)
         paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-        blocks = tuple(path_name(p[:1]) == BLOCKS for p in paths)
+        blocks = tuple(_is_block_path(p) for p in paths)
         if not any(blocks):
             raise ConfigError("the fuyou strategy needs a model with stacked blocks "
                               f"(a '{BLOCKS}' parameter subtree, as models.gpt.GPT has)")
@@ -447,8 +447,8 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
 
 def _layer(stacked: list[jax.Array], j, dtypes) -> list[jax.Array]:
     """Layer ``j`` of the stacked leaves' bits, as floats (see the scans)."""
-    return lax.optimization_barrier([_unbits(lax.dynamic_index_in_dim(x, j, keepdims=False), d)
-                                     for x, d in zip(stacked, dtypes, strict=True)])
+    return [_unbits(lax.dynamic_index_in_dim(x, j, keepdims=False), d)
+            for x, d in zip(stacked, dtypes, strict=True)]
 
 
 def _put_layer(stacked: list[jax.Array], layer: list[jax.Array], j) -> list[jax.Array]:
