@@ -1,0 +1,46 @@
+"""The layer-stack primitive and the model protocol: jaxoff's offload machinery for any layered
+Flax NNX model.
+
+A model stacks its blocks (:func:`stacked`), runs them with :func:`run_stack` under the
+:class:`Stack` its config carries, and tags residuals with ``checkpoint_name``; jaxoff's
+commands then set the stack (policy, segments, split, streaming) and placements on it. See
+``jaxoff.nn._protocol`` for the protocol a model config implements.
+"""
+
+from ._protocol import BLOCKS as BLOCKS
+from ._protocol import LayeredModel as LayeredModel
+from ._protocol import check_model as check_model
+from ._protocol import count_params as count_params
+from ._protocol import load_model as load_model
+from ._protocol import model_name as model_name
+from ._protocol import sizes as sizes
+from ._protocol import with_stack as with_stack
+from ._stack import PolicySpec as PolicySpec
+from ._stack import Stack as Stack
+from ._stack import num_layers_of as num_layers_of
+from ._stack import resolve_jax_policy as resolve_jax_policy
+from ._stack import run_stack as run_stack
+from ._stack import scan_blocks as scan_blocks
+from ._stack import split_blocks as split_blocks
+from ._stack import stacked as stacked
+from ._stack import stream_blocks as stream_blocks
+
+__all__ = [
+    "BLOCKS",
+    "LayeredModel",
+    "PolicySpec",
+    "Stack",
+    "check_model",
+    "count_params",
+    "load_model",
+    "model_name",
+    "num_layers_of",
+    "resolve_jax_policy",
+    "run_stack",
+    "scan_blocks",
+    "sizes",
+    "split_blocks",
+    "stacked",
+    "stream_blocks",
+    "with_stack",
+]
