@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxoff._errors import ConfigError
+from jaxoff.nn import with_stack
 from jaxoff.optim import paged
 from jaxoff.strategies._fuyou import (
     _layout,
@@ -33,7 +34,8 @@ def inner():
 def config(dtype):
     # fuyou recomputes each block in backward: the sequential reference does the same
     # arithmetic under nothing_saveable (with no remat XLA fuses the backward differently)
-    return dataclasses.replace(CONFIGS["tiny"], policy="nothing_saveable", param_dtype=dtype)
+    cfg = dataclasses.replace(CONFIGS["tiny"], param_dtype=dtype)
+    return with_stack(cfg, policy="nothing_saveable")
 
 
 def batch(t):

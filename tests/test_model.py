@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxoff.nn import with_stack
 from models.gpt import CONFIGS, GPT, RESIDUAL_NAMES, VOCAB_SIZE, GPTConfig
 
 TINY = CONFIGS["tiny"]
@@ -104,7 +105,7 @@ def _grads(cfg, tokens):
 def test_remat_gradients_match_no_remat(policy):
     tokens = jax.random.randint(jax.random.key(2), (2, 33), 0, VOCAB_SIZE, jnp.int32)
     ref = _grads(TINY, tokens)
-    got = _grads(dataclasses.replace(TINY, policy=policy), tokens)
+    got = _grads(with_stack(TINY, policy=policy), tokens)
     # Scanned remat reorders a few float reductions (JAX-ON-CPU.md: ~1e-8); anything
     # structural (a dropped or doubled term) is orders of magnitude larger.
     for r, g in zip(jax.tree.leaves(ref), jax.tree.leaves(got), strict=True):
@@ -115,7 +116,7 @@ def test_remat_changes_compiled_temp_memory():
     tokens = jnp.zeros((4, 128), jnp.int32)
 
     def temp_bytes(policy):
-        model = GPT(dataclasses.replace(TINY, policy=policy), rngs=nnx.Rngs(0))
+        model = GPT(with_stack(TINY, policy=policy), rngs=nnx.Rngs(0))
         graphdef, params = nnx.split(model, nnx.Param)
         f = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p)(tokens).mean()))
         return f.lower(params).compile().memory_analysis().temp_size_in_bytes
@@ -130,12 +131,16 @@ def test_remat_changes_compiled_temp_memory():
         dict(num_layers=0),
         dict(dtype="float64"),
         dict(positions="alibi"),
-        dict(policy="no_such_policy"),
+        dict(stack=dict(policy="no_such_policy")),
+        dict(stack=dict(split_layers=6)),
     ],
 )
 def test_bad_config_is_refused(bad):
     with pytest.raises(ValueError):
-        dataclasses.replace(TINY, **bad)
+        if "stack" in bad:
+            with_stack(TINY, **bad["stack"])
+        else:
+            dataclasses.replace(TINY, **bad)
 
 
 def test_sequence_longer_than_table_is_refused():

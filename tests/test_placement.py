@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from jaxoff import ConfigError, TrainConfig
+from jaxoff.nn import Stack, with_stack
 from jaxoff.optim import paged
 from jaxoff.placement import (
     check_export,
@@ -21,11 +22,11 @@ from jaxoff.placement import (
     with_paged_optimizer,
 )
 from jaxoff.train._step import init_state, make_train_step
-from models.gpt import CONFIGS, GPTConfig
+from models.gpt import CONFIGS
 
 STEPS = 10
 B, T = 4, 16
-CFG = dataclasses.replace(CONFIGS["tiny"], num_layers=3, policy="nothing_saveable")
+CFG = with_stack(dataclasses.replace(CONFIGS["tiny"], num_layers=3), policy="nothing_saveable")
 TOKENS = np.asarray(
     jax.random.randint(jax.random.key(1), (STEPS, B, T + 1), 0, 256), dtype=np.int32
 )
@@ -199,13 +200,13 @@ def test_bad_combinations_are_config_errors(tmp_path, kwargs, match):
 
 
 def test_streaming_needs_scanned_layers():
-    unrolled = dataclasses.replace(CFG, scan_unroll=3)
+    unrolled = with_stack(CFG, scan_unroll=3)
     with pytest.raises(ConfigError, match="scan_unroll"):
         check_placement("host_params_stream1", unrolled)
     with pytest.raises(ConfigError, match="scanned layers"):
         check_placement("host_params_stream1", CFG, params={"layers_0": {"w": np.zeros(3)}})
     with pytest.raises(ValueError, match="remat_every"):
-        GPTConfig(2, 8, 2, 32, stream_window=1, remat_every=2)
+        Stack(stream_window=1, remat_every=2)
 
 
 def test_trainer_runs_streamed_and_resumes_exactly(tmp_path, tiny_train_args):

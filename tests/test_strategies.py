@@ -27,6 +27,7 @@ import pytest
 from jaxoff import ConfigError
 from jaxoff.cli import main
 from jaxoff.compare._strategies import export_check, offloaded_activation_bytes
+from jaxoff.nn import with_stack
 from jaxoff.strategies import (
     STRATEGIES,
     Context,
@@ -108,7 +109,7 @@ def test_strategy_trains_like_plain_training(name, tmp_path):
     assert_close(state, ref_state, losses, ref_losses)
     if name in SAME_ARITHMETIC:
         same = SAME_ARITHMETIC[name] or dataclasses.replace(
-            recipe, model_overrides={**recipe.model_overrides, "split_policy": "*=device"}
+            recipe, stack_overrides={**recipe.stack_overrides, "split_policy": "*=device"}
         )
         same_state, same_losses = train(same, store=tmp_path / "ref")
         assert losses == same_losses
@@ -123,7 +124,7 @@ def test_recipes_compose_what_the_papers_say():
     assert r["zero_infinity"].store and r["zero_infinity"].placement.startswith("host_params")
     assert r["l2l"].placement == "host_params_stream1"
     assert r["stronghold"].placement == "host_params_stream2"
-    assert r["te_offload"].model_overrides == {"split_layers": 2, "split_policy": "offload_all"}
+    assert r["te_offload"].stack_overrides == {"split_layers": 2, "split_policy": "offload_all"}
     for name in NAMES:  # every docstring says what is kept and what differs
         doc = STRATEGIES[name].build.__doc__
         assert "Keeps" in doc and "Differs" in doc, name
@@ -195,7 +196,7 @@ def test_placement_and_offload_show_in_cuda_export(name):
 
 def test_te_offload_offloads_only_the_first_layers():
     recipe = build_recipe("te_offload", ctx(None))
-    n = recipe.model_overrides["split_layers"]
+    n = recipe.stack_overrides["split_layers"]
     from jaxoff.strategies import model_config
 
     te = offloaded_activation_bytes(model_config(recipe, TINY), B, T)
@@ -205,7 +206,7 @@ def test_te_offload_offloads_only_the_first_layers():
 
 
 def test_split_layer_scan_is_the_plain_scan_when_policies_agree():
-    """GPTConfig.split_layers: two scans, same arithmetic as one; bad values refused."""
+    """Stack.split_layers: two scans, same arithmetic as one; bad values refused."""
     tokens = jnp.asarray(TOKENS[0])
 
     def run(cfg):
@@ -219,7 +220,7 @@ def test_split_layer_scan_is_the_plain_scan_when_policies_agree():
     # differ: 8 ulps of the largest gradient, as tests/test_policy_grads.py
     scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads0))
     for n in (1, 3, TINY.num_layers):
-        loss, grads = run(dataclasses.replace(TINY, split_layers=n, split_policy=None))
+        loss, grads = run(with_stack(TINY, split_layers=n, split_policy=None))
         assert np.asarray(loss).tobytes() == np.asarray(loss0).tobytes()
         for g, g0 in zip(jax.tree.leaves(grads), jax.tree.leaves(grads0), strict=True):
             np.testing.assert_allclose(g, g0, rtol=0, atol=8 * np.finfo(np.float32).eps * scale)
@@ -231,7 +232,7 @@ def test_split_layer_scan_is_the_plain_scan_when_policies_agree():
         dict(split_layers=2, split_policy="not_a_policy"),
     ):
         with pytest.raises(ValueError):
-            dataclasses.replace(TINY, **bad)
+            with_stack(TINY, **bad)
 
 
 def test_unknown_strategy_errors_clearly(capsys):
@@ -250,7 +251,7 @@ def test_overrides_for_the_trainer_and_a_new_strategy_in_a_few_lines():
         "store": "auto",
     }
     te = strategy_overrides("te_offload", TINY, B, T)
-    assert te["model_overrides"]["split_policy"] == "offload_all"
+    assert te["stack_overrides"]["split_policy"] == "offload_all"
 
     @register("mlp_to_host", paper="a porting example")
     def mlp_to_host(ctx):

@@ -18,7 +18,8 @@ class CompareConfig:
     """Compiles the real training step once per policy and measures it.
 
     Attributes:
-        model: named size from ``models.gpt.CONFIGS`` (tiny, mini, small, ...).
+        model: a size name (tiny, mini, small, ..., llama-tiny, ...) or
+            ``package.module:factory`` naming a model config of your own (see ``jaxoff.nn``).
         policies: comma-separated presets or a JAX policy name; a custom
             ``name=action`` policy is one entry with ``;`` between its pairs
             (``"none,attn_probs=remat;*=device"``) or a ``.toml`` file.
@@ -92,23 +93,19 @@ class CompareConfig:
 
     def validate(self) -> CompareConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
-        from models.gpt import CONFIGS
-
+        from ..nn import load_model
         from ..policy import JAX_POLICIES, get_policy
 
-        if self.model not in CONFIGS:
-            raise ConfigError(
-                f"--model {self.model!r} is not a known size; choose one of {', '.join(CONFIGS)}"
-            )
+        model = load_model(self.model)  # raises ConfigError naming what is wrong
         for name in ("batch_size", "seq_len", "steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.warmup < 0:
             raise ConfigError("--warmup must be 0 or more")
-        if self.seq_len > CONFIGS[self.model].max_seq_len:
+        if self.seq_len > model.max_seq_len:
             raise ConfigError(
                 f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
-                f"{CONFIGS[self.model].max_seq_len}"
+                f"{model.max_seq_len}"
             )
         if self.strategies.strip():
             return self._validate_strategies()
@@ -119,7 +116,7 @@ class CompareConfig:
             raise ConfigError(f"--policies lists a policy twice: {self.policies}")
         for spec in specs:
             if spec not in JAX_POLICIES:
-                get_policy(spec)  # raises ConfigError listing the valid names
+                get_policy(spec, names=model.residual_names)  # ConfigError: valid names
         from ..placement import get_placement
 
         for pl in self.placement_list():

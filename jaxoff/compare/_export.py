@@ -57,8 +57,7 @@ def host_shapes(mlir_text: str) -> list[str]:
 @functools.cache
 def probe_name(model: str, batch: int, seq: int, name: str, platform: str) -> tuple[str, ...]:
     """Host placements produced by offloading ``name`` alone (JAX's own policy)."""
-    from models.gpt import CONFIGS
-
+    from ..nn import Stack, load_model
     from ..train._step import abstract_state, make_loss_fn
     from ._measure import optimizer
 
@@ -68,7 +67,7 @@ def probe_name(model: str, batch: int, seq: int, name: str, platform: str) -> tu
         offload_src="device",
         offload_dst="pinned_host",
     )
-    cfg = dataclasses.replace(CONFIGS[model], policy=policy, remat_every=1)
+    cfg = dataclasses.replace(load_model(model), stack=Stack(policy=policy))
     graphdef, state = abstract_state(cfg, optimizer())
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     text = export_text(jax.grad(make_loss_fn(graphdef)), (state.params, tok, tok), platform)
@@ -87,8 +86,8 @@ def check_export(
     from ..train._step import abstract_state, make_train_step
     from ._measure import model_config, optimizer
 
-    offloaded = () if spec in JAX_POLICIES else get_policy(spec).offloaded()
     cfg = model_config(model, spec)
+    offloaded = () if spec in JAX_POLICIES else get_policy(spec, cfg.residual_names).offloaded()
     graphdef, state = abstract_state(cfg, optimizer())
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     step = make_train_step(graphdef, optimizer())

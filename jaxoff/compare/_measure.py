@@ -23,12 +23,12 @@ from .._errors import JaxoffError
 
 
 def model_config(model: str, spec: str):
-    """``CONFIGS[model]`` with the policy spelled ``spec`` applied (policy + segments)."""
-    from models.gpt import CONFIGS
-
+    """The model named ``model`` (a size or ``package.module:factory``) with the policy
+    spelled ``spec`` applied to its stack (policy + segments)."""
+    from ..nn import load_model
     from ..policy import apply_policy
 
-    return apply_policy(CONFIGS[model], spec)
+    return apply_policy(load_model(model), spec)
 
 
 def optimizer() -> optax.GradientTransformation:
@@ -75,12 +75,12 @@ def step_flops(model_cfg, batch: int, seq: int) -> float:
     """
     probes = []
     for layers in (1, 2):
-        probe = dataclasses.replace(
-            model_cfg,
-            num_layers=layers,
+        stack = dataclasses.replace(
+            model_cfg.stack,
             scan_unroll=layers,
-            remat_every=min(model_cfg.remat_every, layers),
+            remat_every=min(model_cfg.stack.remat_every, layers),
         )
+        probe = dataclasses.replace(model_cfg, num_layers=layers, stack=stack)
         probes.append(_flops(compile_step(probe, batch, seq)[0]))
     f1, f2 = probes
     return f1 + (model_cfg.num_layers - 1) * (f2 - f1)
@@ -168,7 +168,7 @@ def measure_policy(
     return {
         "policy": spec,
         "placement": placement,
-        "remat_every": cfg.remat_every,
+        "remat_every": cfg.stack.remat_every,
         "device_state_bytes": state_kinds.get("device", 0),
         "host_state_bytes": sum(b for k, b in state_kinds.items() if k != "device"),
         "temp_bytes": int(mem.temp_size_in_bytes),

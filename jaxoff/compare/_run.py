@@ -147,9 +147,7 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
         >>> rows = compare(CompareConfig(model="tiny", strategies="all",  # doctest: +SKIP
         ...                              device_mem="30MiB", batch_size=2, seq_len=16))
     """
-    from models.gpt import CONFIGS
-
-    from ..policy import apply_policy
+    from ._measure import model_config
     from ._strategies import baseline_flops, strategy_rows
 
     console = console or Console()
@@ -157,9 +155,7 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
     with _progress(console) as progress:
         task = progress.add_task("compare", total=len(names) + 1)
         progress.update(task, description="baseline FLOPs (none)")
-        baseline = baseline_flops(
-            apply_policy(CONFIGS[cfg.model], "none"), cfg.batch_size, cfg.seq_len
-        )
+        baseline = baseline_flops(model_config(cfg.model, "none"), cfg.batch_size, cfg.seq_len)
         progress.advance(task)
         measured, skipped = strategy_rows(cfg, console, progress, task)
         progress.update(task, description="done")

@@ -66,10 +66,11 @@ def transfer_bytes(jaxpr) -> tuple[int, int]:
 def offloaded_activation_bytes(model_cfg, batch: int, seq: int) -> int:
     """Activation bytes the policy sends to host per step (params on device, no streaming):
     what an accelerator keeps off device between forward and backward."""
+    from ..nn import with_stack
     from ..train._step import abstract_state, make_loss_fn
     from ._measure import optimizer
 
-    cfg = dataclasses.replace(model_cfg, stream_window=0, stream_to=None)
+    cfg = with_stack(model_cfg, stream_window=0, stream_to=None)
     graphdef, state = abstract_state(cfg, optimizer())
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     jaxpr = jax.make_jaxpr(jax.value_and_grad(make_loss_fn(graphdef)))(state.params, tok, tok)
@@ -94,12 +95,13 @@ def baseline_flops(model_cfg, batch: int, seq: int) -> float:
     return traced_flops(jax.make_jaxpr(make_train_step(graphdef, optimizer()))(state, tok, tok))
 
 
-def _offloads(recipe) -> bool:
+def _offloads(recipe, names=None) -> bool:
     from ..policy import JAX_POLICIES, get_policy
 
-    specs = [recipe.policy, recipe.model_overrides.get("split_policy")]
+    specs = [recipe.policy, recipe.stack_overrides.get("split_policy")]
     return any(
-        isinstance(s, str) and s not in JAX_POLICIES and get_policy(s).offloaded() for s in specs
+        isinstance(s, str) and s not in JAX_POLICIES and get_policy(s, names).offloaded()
+        for s in specs
     )
 
 
@@ -109,8 +111,7 @@ def export_check(recipe, model: str, batch: int, seq: int, platform: str = "cuda
     the layer loop, offloaded activations as ``pinned_host`` copies inside the loop, a host
     update as host-compute ops. A paged optimizer is exported as the in-RAM one in the
     same placement (its FFI calls and commit callback do not export)."""
-    from models.gpt import CONFIGS
-
+    from ..nn import load_model
     from ..placement import analyze_export
     from ..strategies import placement, prepare
     from ._measure import optimizer
@@ -120,7 +121,8 @@ def export_check(recipe, model: str, batch: int, seq: int, platform: str = "cuda
                 "inside the layer scan through FFI calls, which do not export"}
     pl = placement(recipe)
     plain = dataclasses.replace(recipe, store=False, placement=pl)
-    prep = prepare(plain, CONFIGS[model], optimizer(), abstract=True)
+    base = load_model(model)
+    prep = prepare(plain, base, optimizer(), abstract=True)
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=None)
     text = jax.export.export(prep.step, platforms=[platform])(prep.state, tok, tok).mlir_module()
     rep = analyze_export(text, platform)
@@ -133,7 +135,7 @@ def export_check(recipe, model: str, batch: int, seq: int, platform: str = "cuda
     if pl.streams and not (rep.placements_in_loops.get("device")
                            and rep.placements_in_loops.get(host)):
         problems.append("no per-layer parameter/gradient copies inside the layer loop")
-    offloads = _offloads(recipe)
+    offloads = _offloads(recipe, base.residual_names)
     if offloads and not rep.placements_in_loops.get(host):
         problems.append("offloaded activations: no pinned_host copy inside the layer loop")
     if not offloads and not pl.streams and rep.placements_in_loops:
@@ -164,8 +166,7 @@ def measure_strategy(
     ``device_mem``, runs it and returns every figure (see ``_report.STRATEGY_COLUMNS``)."""
     import psutil
 
-    from models.gpt import CONFIGS
-
+    from ..nn import load_model
     from ..placement import abstract_with, bytes_by_kind
     from ..strategies import Recipe, prepare
     from ._measure import optimizer
@@ -176,7 +177,7 @@ def measure_strategy(
     store = Path(store_root or "runs/compare/stores") / name
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.perf_counter()
-    prep = prepare(recipe, CONFIGS[model], optimizer(), store_dir=store, seed=seed)
+    prep = prepare(recipe, load_model(model), optimizer(), store_dir=store, seed=seed)
     try:
         tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
         compiled = prep.step.lower(prep.state, tok, tok).compile()
@@ -197,7 +198,7 @@ def measure_strategy(
             disk_bytes=_dir_bytes(store),
             link_bytes=to_host + to_device,
             flops=traced_flops(jaxpr),
-            remat_every=prep.model_config.remat_every,
+            remat_every=prep.model_config.stack.remat_every,
         )
         if check_export:
             row["export"] = export_check(recipe, model, batch, seq)
@@ -254,12 +255,11 @@ def measure_strategy_isolated(timeout: float = 1800, **kw) -> dict:
 
 def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]:
     """``(measured rows, rows not run)`` of ``cfg.strategy_list()``."""
-    from models.gpt import CONFIGS
-
+    from ..nn import load_model
     from ..strategies import Context, StrategyUnavailable, build_recipe
 
     budget = cfg.device_mem_bytes()
-    ctx = Context(CONFIGS[cfg.model], cfg.batch_size, cfg.seq_len, budget, cfg.hardware,
+    ctx = Context(load_model(cfg.model), cfg.batch_size, cfg.seq_len, budget, cfg.hardware,
                   cfg.model)
     measured, skipped = [], []
     for name in cfg.strategy_list():

@@ -5,7 +5,7 @@ shardings with a ``memory_kind`` (:func:`state_shardings`, FSDP-sharded on a mes
 the jitted step's in/out shardings, and two helpers the step composes:
 :func:`fetch_params` (host parameters to the device before the forward pass, unless
 the layers stream) and :func:`make_update` (the optimizer update where the placement
-says). Layer streaming itself lives in the model (``models.gpt.stream_blocks``),
+says). Layer streaming itself lives in the layer-stack primitive (``jaxoff.nn.stream_blocks``),
 switched on by :func:`streamed_model`.
 """
 

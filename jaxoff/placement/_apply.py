@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -108,10 +106,10 @@ def make_update(tx: optax.GradientTransformation, placement: Placement | str | N
 
 
 def streamed_model(model_cfg, placement: Placement | str | None, mesh=None):
-    """``model_cfg`` (a ``GPTConfig``) with the placement's layer streaming switched on."""
+    """``model_cfg`` (a model config) with the placement's layer streaming switched on."""
+    from ..nn import with_stack
+
     placement = get_placement(placement)
     if not placement.streams:
         return model_cfg
-    return dataclasses.replace(
-        model_cfg, stream_window=placement.stream_window, stream_to=replicated(mesh)
-    )
+    return with_stack(model_cfg, stream_window=placement.stream_window, stream_to=replicated(mesh))

@@ -23,7 +23,7 @@ def check_placement(
 
     Args:
         placement: a placement or its name.
-        model_cfg: the ``models.gpt.GPTConfig`` to train.
+        model_cfg: the model config to train (a :class:`jaxoff.nn.LayeredModel`).
         policy: the remat policy's spelling, as given to ``--policy``.
         params: the parameter tree (or its shapes), to check there are stacked layers.
         devices: devices on the FSDP axis.
@@ -31,16 +31,20 @@ def check_placement(
     """
     placement = get_placement(placement)
     if placement.streams:
-        if model_cfg.remat_every != 1:
+        from ..nn import check_model
+
+        check_model(model_cfg, needs=["streaming"])
+        stack = model_cfg.stack
+        if stack.remat_every != 1:
             raise ConfigError(
                 f"layer streaming fetches one block per loop step, but the policy groups "
-                f"{model_cfg.remat_every} blocks per remat segment (remat_every); use "
+                f"{stack.remat_every} blocks per remat segment (remat_every); use "
                 f"--policy full with a host_params_stream<N> placement"
             )
-        if model_cfg.scan_unroll != 1:
+        if stack.scan_unroll != 1:
             raise ConfigError(
                 f"layer streaming needs the layer loop (scan_unroll=1), got "
-                f"scan_unroll={model_cfg.scan_unroll}"
+                f"scan_unroll={stack.scan_unroll}"
             )
         if policy is not None and policy.strip() not in ("full", "nothing_saveable"):
             raise ConfigError(

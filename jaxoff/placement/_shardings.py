@@ -7,11 +7,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from .._errors import ConfigError
+from ..nn._protocol import BLOCKS
 from ._placement import Placement
 
 FSDP_AXIS = "fsdp"
-STACKED_KEY = "blocks"
-"""Name of the scanned (stacked) layers in the parameter tree (``models.gpt.GPT.blocks``):
+STACKED_KEY = BLOCKS
+"""Name of the scanned (stacked) layers in the parameter tree (``jaxoff.nn.BLOCKS``):
 their leading axis is the layer axis, never sharded, and the one that streams."""
 
 

@@ -9,6 +9,9 @@ from typing import Annotated
 import tyro
 
 from .._errors import ConfigError
+from ..nn import check_model, load_model
+
+_DTYPES = ("float32", "bfloat16", "float16")
 
 # Presets whose policies the cost model can price (names-based, one remat unit per layer).
 COMPARED_PRESETS = ("full", "selective", "offload_dots", "offload_all")
@@ -19,7 +22,8 @@ class PlanConfig:
     """Chooses, per residual and for parameters and optimizer states, where they live.
 
     Attributes:
-        model: named size from ``models.gpt.CONFIGS``.
+        model: a size name (tiny, ..., llama-tiny, ...) or ``package.module:factory``
+            naming a model config of your own (see ``jaxoff.nn``).
         hardware: a preset (h100-sxm, h100-pcie, a100-40, a100-80, rtx4090, tpu-v5e) or
             ``cpu`` to calibrate this machine.
         device_mem: device memory budget (e.g. 16GiB); default: the hardware's.
@@ -48,14 +52,12 @@ class PlanConfig:
     cpu_lowering: bool | None = None
 
     def validate(self) -> PlanConfig:
-        from models.gpt import _DTYPES, CONFIGS
-
         from ._hardware import PRESETS, parse_size
 
-        if self.model not in CONFIGS:
-            raise ConfigError(
-                f"--model {self.model!r} is not a known size; choose one of {', '.join(CONFIGS)}"
-            )
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(_DTYPES)}")
+        model = self.model_config()  # raises ConfigError naming a bad --model
+        check_model(model, needs=["policy"])
         if self.hardware not in PRESETS and self.hardware not in ("cpu", "calibrate"):
             raise ConfigError(
                 f"--hardware {self.hardware!r}: choose a preset ({', '.join(PRESETS)}) or cpu"
@@ -63,22 +65,25 @@ class PlanConfig:
         for name in ("batch_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.seq_len > CONFIGS[self.model].max_seq_len:
+        if self.seq_len > model.max_seq_len:
             raise ConfigError(
                 f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
-                f"{CONFIGS[self.model].max_seq_len}"
+                f"{model.max_seq_len}"
             )
-        if self.dtype not in _DTYPES:
-            raise ConfigError(f"--dtype must be one of {', '.join(_DTYPES)}")
         for name in ("device_mem", "host_mem", "disk"):
             if getattr(self, name) is not None and parse_size(getattr(self, name)) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         return self
 
     def model_config(self):
-        from models.gpt import CONFIGS
-
-        return dataclasses.replace(CONFIGS[self.model], dtype=self.dtype, param_dtype=self.dtype)
+        """The model to plan for, in ``--dtype`` (compute and parameters)."""
+        model = load_model(self.model)
+        try:
+            return dataclasses.replace(model, dtype=self.dtype, param_dtype=self.dtype)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(
+                f"--model {self.model}: cannot set --dtype {self.dtype} ({e})"
+            ) from None
 
     def get_hardware(self):
         from ._hardware import get_hardware, parse_size

@@ -1,6 +1,6 @@
 """Plan files: JSON that ``jaxoff plan`` writes and ``jaxoff train --plan FILE`` runs.
 
-A plan records the model it was made for (the shape/dtype fields of its ``GPTConfig``)
+A plan records the model it was made for (the shape/dtype fields of its model config)
 and the batch shape; running it on another model is refused with a clear error.
 """
 
@@ -22,7 +22,7 @@ class PlanFile:
     """What a plan file holds.
 
     Attributes:
-        model: the model's name (``models.gpt.CONFIGS`` key).
+        model: the model's name (a size name or ``package.module:factory``).
         model_config: shape and dtype fields of the model it was made for.
         batch, seq: the batch shape it was made for.
         plan: per-name actions and the homes of parameters and optimizer states.
@@ -181,24 +181,9 @@ def apply_plan(cfg):
     import sys
 
     pf = load_plan(cfg.plan)
-    model_cfg = dataclasses.replace(
-        _base_model(cfg.model),
-        positions=cfg.positions,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-    )
+    model_cfg = dataclasses.replace(cfg, plan=None, policy="none").model_config()
     pf.check_model(model_cfg, cfg.batch_size, cfg.seq_len)
     changes, notes = train_homes(pf, cfg.store)
     for note in notes:
         print(f"jaxoff train --plan: {note}", file=sys.stderr)
     return dataclasses.replace(cfg, **changes)
-
-
-def _base_model(name: str):
-    from models.gpt import CONFIGS
-
-    if name not in CONFIGS:
-        raise ConfigError(
-            f"--model {name!r} is not a known size; choose one of {', '.join(CONFIGS)}"
-        )
-    return CONFIGS[name]

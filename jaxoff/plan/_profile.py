@@ -93,11 +93,11 @@ class Profile:
 
 
 def config_fingerprint(model_cfg) -> dict:
-    """The fields of a ``GPTConfig`` that fix its shapes and dtypes (not its policy)."""
-    d = dataclasses.asdict(model_cfg)
-    for key in ("policy", "remat_every", "scan_unroll"):
+    """The fields of a model config that fix its shapes and dtypes (not its stack or name)."""
+    d = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)}
+    for key in ("stack", "name"):
         d.pop(key, None)
-    return d
+    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in d.items()}
 
 
 def _optimizer():
@@ -127,17 +127,26 @@ def _step_jaxpr(model_cfg, batch: int, seq: int):
     return jax.make_jaxpr(make_train_step(graphdef, tx))(state, tok, tok)
 
 
-def names_policy(actions: dict[str, str]):
-    """A :class:`jaxoff.policy.Policy` from ``{name: action}`` (unlisted names remat)."""
+def names_policy(actions: dict[str, str], names=None):
+    """A :class:`jaxoff.policy.Policy` over ``names`` (the model's residual names) from
+    ``{name: action}`` (unlisted names remat)."""
     from ..policy import Policy
 
-    return Policy.from_mapping({"*": "remat", **actions})
+    return Policy.from_mapping({"*": "remat", **actions}, names=names)
 
 
 def with_policy(model_cfg, actions: dict[str, str]):
     from ..policy import apply_policy
 
-    return apply_policy(model_cfg, names_policy(actions))
+    return apply_policy(model_cfg, names_policy(actions, model_cfg.residual_names))
+
+
+def _plain(model_cfg):
+    """``model_cfg`` with a plain stack (no remat, one scan, no streaming)."""
+    from ..nn import Stack, check_model
+
+    check_model(model_cfg, needs=["policy"])
+    return dataclasses.replace(model_cfg, stack=Stack())
 
 
 def _tree_bytes(tree) -> int:
@@ -152,7 +161,7 @@ def profile(
     model: str = "custom",
     calibrate: bool = True,
 ) -> Profile:
-    """Profiles ``model_cfg`` (a ``models.gpt.GPTConfig``) at ``batch x seq`` tokens.
+    """Profiles ``model_cfg`` (a :class:`jaxoff.nn.LayeredModel`) at ``batch x seq`` tokens.
 
     Traces the step ``2 + len(names)`` times (fast: no compile) and, with
     ``calibrate``, compiles the scanned step twice for the workspace figure.
@@ -166,9 +175,9 @@ def profile(
     """
     from ..train._step import abstract_state
 
-    model_cfg = dataclasses.replace(model_cfg, policy=None, remat_every=1, scan_unroll=1)
+    model_cfg = _plain(model_cfg)
     L = model_cfg.num_layers
-    from models.gpt import RESIDUAL_NAMES
+    RESIDUAL_NAMES = tuple(model_cfg.residual_names)  # noqa: N806
 
     # 1. the block's named values, their cones and FLOPs (forward, no remat)
     from ..train._step import make_loss_fn
@@ -247,12 +256,11 @@ def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
     recomputed): ``temp_size - stacked residuals``. Between the two, the workspace grows
     with the bytes of one layer's recomputed names (they are live in that layer's
     backward): ``recompute_workspace`` is that slope (clamped at 0)."""
-    from models.gpt import RESIDUAL_NAMES
-
     from ..compare._measure import compile_step
     from ._cost import Plan, needed_and_recomputed, residual_split
 
     found = []
+    RESIDUAL_NAMES = tuple(model_cfg.residual_names)  # noqa: N806
     for action in ("device", "remat"):
         actions = dict.fromkeys(RESIDUAL_NAMES, action)
         compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
@@ -281,5 +289,5 @@ def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> in
 
 def traced_residual_bytes(model_cfg, batch: int, seq: int, actions: dict[str, str]) -> int:
     """Stacked residual bytes of the traced step under a plan (for validation)."""
-    cfg = dataclasses.replace(model_cfg, policy=None, remat_every=1, scan_unroll=1)
+    cfg = _plain(model_cfg)
     return residual_bytes(_grad_jaxpr(with_policy(cfg, actions), batch, seq), cfg.num_layers)

@@ -13,18 +13,25 @@ from ._recipe import Recipe, StrategyUnavailable
 
 
 def model_config(recipe: Recipe, base_cfg):
-    """``base_cfg`` (a ``GPTConfig``) with the recipe's policy and model overrides."""
+    """``base_cfg`` (a model config) with the recipe's policy and stack overrides."""
+    from ..nn import Stack, with_stack
     from ..policy import apply_policy, resolve_policy
 
     cfg = apply_policy(base_cfg, recipe.policy)
+    names = getattr(cfg, "residual_names", None)
     over = {
-        k: resolve_policy(v) if k.endswith("policy") and (v is None or isinstance(v, str)) else v
-        for k, v in recipe.model_overrides.items()
+        k: resolve_policy(v, names=names)
+        if k.endswith("policy") and (v is None or isinstance(v, str))
+        else v
+        for k, v in recipe.stack_overrides.items()
     }
-    unknown = [k for k in over if k not in {f.name for f in dataclasses.fields(cfg)}]
+    unknown = [k for k in over if k not in {f.name for f in dataclasses.fields(Stack)}]
     if unknown:
-        raise ConfigError(f"recipe model_overrides {unknown} are not GPTConfig fields")
-    return dataclasses.replace(cfg, **over)
+        raise ConfigError(f"recipe stack_overrides {unknown} are not jaxoff.nn.Stack fields")
+    try:
+        return with_stack(cfg, **over)
+    except ValueError as e:
+        raise ConfigError(f"recipe stack_overrides {over}: {e}") from None
 
 
 def placement(recipe: Recipe):
@@ -109,9 +116,7 @@ def prepare(
         fuyou = fuyou_module()
         from flax import nnx
 
-        from models.gpt import GPT
-
-        graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+        graphdef, params = nnx.split(cfg.build(nnx.Rngs(seed)), nnx.Param)
         state = TrainState(jnp.zeros((), jnp.int32), params, fuyou.fuyou_init(cfg, tx, params))
         step_fn = fuyou.make_fuyou_step(graphdef, cfg, tx)
     else:

@@ -39,7 +39,7 @@ def te_offload(ctx: Context) -> Recipe:
     Keeps: TE's per-layer switch (offload N layers; the last layers, whose backward comes
     first, stay on device). N: the fewest layers whose offload fits ``device_mem`` by the
     planner's profile, else half the layers. Differs: TE hooks tensors as PyTorch saves
-    them; here the layer scan is split in two scans (``GPTConfig.split_layers``) with
+    them; here the layer scan is split in two scans (``jaxoff.nn.Stack.split_layers``) with
     ``offload_all`` on the first and no remat on the second.
     """
     L = ctx.model_config.num_layers
@@ -55,7 +55,7 @@ def te_offload(ctx: Context) -> Recipe:
                   if keep.device_bytes - k * per_layer <= hw.device_mem), L)
     return Recipe(
         policy="none",
-        model_overrides={"split_layers": n, "split_policy": "offload_all"},
+        stack_overrides={"split_layers": n, "split_policy": "offload_all"},
         note=f"first {n} of {L} layers offloaded",
     )
 
@@ -69,7 +69,7 @@ def chen_sqrt(ctx: Context) -> Recipe:
 
     Keeps: O(sqrt L) activation memory with one extra forward. Differs: segments are
     equal (the divisor of L nearest sqrt L) rather than chosen per layer size, as XLA
-    scans a reshaped stack of segments (``GPTConfig.remat_every``).
+    scans a reshaped stack of segments (``jaxoff.nn.Stack.remat_every``).
     """
     return Recipe(policy="sqrt")
 

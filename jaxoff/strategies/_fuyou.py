@@ -21,11 +21,11 @@ Global operations that need every gradient first (``clip_by_global_norm``, ...) 
 Example:
     >>> import optax, tempfile, jax, jax.numpy as jnp
     >>> from flax import nnx
-    >>> from models.gpt import CONFIGS, GPT
+    >>> from models.gpt import CONFIGS
     >>> from jaxoff.optim import paged
     >>> from jaxoff.train._step import TrainState
     >>> cfg = CONFIGS["tiny"]
-    >>> graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    >>> graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
     >>> tx = paged(optax.adamw(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=1 << 16)
     >>> state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
     >>> step = jax.jit(make_fuyou_step(graphdef, cfg, tx), donate_argnums=0)
@@ -54,6 +54,7 @@ from jax.experimental import io_callback
 from jaxoff._errors import ConfigError
 from jaxoff.aio import PageStore, PageStoreError
 from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file_table
+from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
 from jaxoff.optim import _chunk
 from jaxoff.optim._paged import (
     PagedTransformation,
@@ -66,8 +67,6 @@ from jaxoff.optim._paged import (
 from jaxoff.optim._pipeline import EntryIO, page_leaf
 from jaxoff.optim._plan import RAM_ENTRY, Plan, path_name
 from jaxoff.train._step import cross_entropy
-
-BLOCKS = "blocks"  # the GPT's stacked blocks (models.gpt.GPT.blocks)
 
 
 class FuyouState(NamedTuple):
@@ -131,10 +130,13 @@ def _pager(tx) -> Pager:
 
 
 def _check_model(model_cfg) -> None:
-    bad = {k: getattr(model_cfg, k) for k in ("stream_window", "split_layers")
-           if getattr(model_cfg, k)}
-    if model_cfg.remat_every != 1:
-        bad["remat_every"] = model_cfg.remat_every
+    from jaxoff.nn import check_model
+
+    check_model(model_cfg, needs=["fuyou"])
+    stack = model_cfg.stack
+    bad = {k: getattr(stack, k) for k in ("stream_window", "split_layers") if getattr(stack, k)}
+    if stack.remat_every != 1:
+        bad["remat_every"] = stack.remat_every
     if bad:
         raise ConfigError(
             f"the fuyou strategy runs one block per layer step (recomputed in backward) and "
@@ -153,7 +155,7 @@ def _layout(tx, params) -> _Layout:
         blocks = tuple(_is_block_path(p) for p in paths)
         if not any(blocks):
             raise ConfigError("the fuyou strategy needs a model with stacked blocks "
-                              f"(a '{BLOCKS}' parameter subtree, as models.gpt.GPT has)")
+                              f"(a '{BLOCKS}' parameter subtree, as jaxoff.nn models have)")
         num_layers = next(leaf.shape[0] for leaf, b in zip(plan.leaves, blocks, strict=True) if b)
         entries, store_of = {}, []
         for k, e in enumerate(plan.entries):
@@ -292,14 +294,12 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
     pager = _pager(tx)
     cfg = model_cfg
 
+    # the model protocol's two ends (jaxoff.nn): the blocks in between are run here
     def front(model, tokens):
-        x = model.embed(tokens)
-        if cfg.positions == "learned":
-            x = x + model.pos_embed(jnp.arange(tokens.shape[-1]))[None]
-        return x.astype(cfg.compute_dtype)
+        return model.embed_tokens(tokens)
 
     def back(model, h, targets):
-        return cross_entropy(model.head(model.final_norm(h)).astype(jnp.float32), targets)
+        return cross_entropy(model.logits(h), targets)
 
     param_dtype = jnp.dtype(cfg.param_dtype)
 

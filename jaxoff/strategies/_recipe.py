@@ -33,8 +33,9 @@ class Recipe:
             gradients and optimizer states.
         store: page the optimizer state (and fp32 masters) to disk with ``jaxoff.paged``;
             the placement is then adjusted by ``with_paged_optimizer``.
-        model_overrides: ``GPTConfig`` fields set after the policy; a field whose name ends
-            in ``policy`` takes a ``jaxoff.policy`` spelling (e.g. ``split_policy``).
+        stack_overrides: :class:`jaxoff.nn.Stack` fields set after the policy (e.g.
+            ``split_layers``); a field whose name ends in ``policy`` takes a ``jaxoff.policy``
+            spelling (e.g. ``split_policy``).
         update_in_backward: the optimizer update runs inside the backward layer scan
             (Fuyou); the step comes from ``jaxoff.strategies._fuyou``.
         note: how the strategy chose (shown by ``jaxoff compare``).
@@ -48,7 +49,7 @@ class Recipe:
     policy: str = "none"
     placement: Any = "device"
     store: bool = False
-    model_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stack_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     update_in_backward: bool = False
     note: str = ""
 
@@ -56,7 +57,7 @@ class Recipe:
         from ..placement import Placement
 
         d = dataclasses.asdict(self)
-        d["model_overrides"] = dict(self.model_overrides)
+        d["stack_overrides"] = dict(self.stack_overrides)
         if isinstance(self.placement, Placement):
             d["placement"] = {"placement": dataclasses.asdict(self.placement)}
         return d
@@ -90,7 +91,8 @@ class Context:
     """What a strategy is built for: the model, the batch shape, and an optional budget.
 
     Attributes:
-        model_config: the ``models.gpt.GPTConfig`` to train (its policy is ignored).
+        model_config: the model config to train (a :class:`jaxoff.nn.LayeredModel`; its
+            stack is ignored).
         batch: sequences per step.
         seq: tokens per sequence.
         device_mem: device memory budget in bytes (``None``: the hardware's); budgeted
@@ -98,7 +100,7 @@ class Context:
         hardware: ``jaxoff.plan`` hardware preset whose speeds price recompute against
             transfers (budgets other than ``device_mem`` are the preset's). Planned as for
             that accelerator: offloaded residuals leave device memory.
-        model: the size's name (for messages).
+        model: the model's name (for messages).
     """
 
     model_config: Any
@@ -122,9 +124,9 @@ class Context:
 
 
 def _plain(model_cfg):
-    return dataclasses.replace(
-        model_cfg, policy=None, remat_every=1, scan_unroll=1, split_layers=0, split_policy=None
-    )
+    from ..nn import Stack
+
+    return dataclasses.replace(model_cfg, stack=Stack())
 
 
 @functools.lru_cache(maxsize=8)
@@ -210,7 +212,7 @@ def strategy_overrides(
     name: str, model_cfg, batch: int, seq: int, device_mem: float | None = None, **ctx
 ) -> dict:
     """``TrainConfig`` field values that run strategy ``name``: ``policy``, ``placement``,
-    ``store`` (``"auto"`` or ``"none"``), plus ``model_overrides`` and
+    ``store`` (``"auto"`` or ``"none"``), plus ``stack_overrides`` and
     ``update_in_backward`` when the strategy needs them (the trainer must apply those).
 
     Example:
@@ -228,8 +230,8 @@ def strategy_overrides(
         )
     out = {"policy": recipe.policy, "placement": placement,
            "store": "auto" if recipe.store else "none"}
-    if recipe.model_overrides:
-        out["model_overrides"] = dict(recipe.model_overrides)
+    if recipe.stack_overrides:
+        out["stack_overrides"] = dict(recipe.stack_overrides)
     if recipe.update_in_backward:
         out["update_in_backward"] = True
     return out

@@ -10,6 +10,7 @@ from typing import Literal
 import optax
 
 from .._errors import ConfigError
+from ..nn._protocol import model_name
 
 Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
 
@@ -19,13 +20,16 @@ class TrainConfig:
     """Everything ``jaxoff train`` needs. Every field is a command-line option.
 
     Attributes:
-        model: named size from ``models.gpt.CONFIGS`` (tiny, mini, small, medium, large, xl, ...).
+        model: the model: a size name (GPT: tiny, mini, small, medium, large, xl, ...; Llama:
+            llama-tiny, llama-mini, ...), ``package.module:factory`` naming a model config of
+            your own (see ``jaxoff.nn``), or, from Python, a model config object.
         policy: remat/offload policy of the scanned layers: a preset (none, full, selective,
             offload_all, offload_dots, sqrt, ...), a ``jax.checkpoint_policies`` name, or
             ``name=action`` pairs such as ``attn_probs=remat;mlp_act=offload;*=device``.
-        positions: ``learned`` or ``rotary`` position encoding.
-        dtype: compute dtype (float32 or bfloat16).
-        param_dtype: parameter dtype (float32 or bfloat16).
+        positions: ``learned`` or ``rotary`` position encoding (models with a ``positions``
+            field, such as the GPT); default: the model's own.
+        dtype: compute dtype (float32 or bfloat16); default: the model's own.
+        param_dtype: parameter dtype (float32 or bfloat16); default: the model's own.
         batch_size: sequences per step.
         seq_len: tokens per sequence.
         steps: total optimizer steps of the run (the schedule spans them).
@@ -65,9 +69,9 @@ class TrainConfig:
 
     model: str = "mini"
     policy: str = "none"
-    positions: Literal["learned", "rotary"] = "learned"
-    dtype: str = "float32"
-    param_dtype: str = "float32"
+    positions: Literal["learned", "rotary"] | None = None
+    dtype: str | None = None
+    param_dtype: str | None = None
     batch_size: int = 16
     seq_len: int = 128
     steps: int = 300
@@ -97,17 +101,12 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
-        from models.gpt import _DTYPES, CONFIGS
-
         if self.plan is not None:
             from ..plan import apply_plan
 
             self = apply_plan(self)  # noqa: PLW0642 (the plan's policy replaces --policy)
 
-        if self.model not in CONFIGS:
-            raise ConfigError(
-                f"--model {self.model!r} is not a known size; choose one of {', '.join(CONFIGS)}"
-            )
+        model = self.model_config()  # raises ConfigError naming a bad --model or --policy
         for name in ("batch_size", "seq_len", "steps", "eval_batches", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_opt(name)} must be at least 1, got {getattr(self, name)}")
@@ -121,23 +120,17 @@ class TrainConfig:
             raise ConfigError("--lr must be positive")
         if not 0 < self.val_fraction < 0.5:
             raise ConfigError(f"--val-fraction must be in (0, 0.5), got {self.val_fraction}")
-        if self.seq_len > CONFIGS[self.model].max_seq_len:
+        if self.seq_len > model.max_seq_len:
             raise ConfigError(
-                f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
-                f"{CONFIGS[self.model].max_seq_len}; use a shorter --seq-len"
+                f"--seq-len {self.seq_len} exceeds model {model_name(model)}'s max_seq_len "
+                f"{model.max_seq_len}; use a shorter --seq-len"
             )
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ConfigError(f"--{_opt(name)} must be one of {', '.join(_DTYPES)}")
-        from ..policy import resolve_policy
-
-        resolve_policy(self.policy)  # raises ConfigError listing the valid names
         from ..placement import check_placement, make_mesh
 
         make_mesh(self.fsdp)  # raises ConfigError when the devices are not there
         check_placement(
             self.placement,
-            self.model_config(),
+            model,
             policy=self.policy,
             devices=self.fsdp,
             batch_size=self.batch_size,
@@ -160,18 +153,33 @@ class TrainConfig:
         return self
 
     def model_config(self):
-        """The ``models.gpt.GPTConfig`` this run trains (policy and remat segments applied)."""
-        from models.gpt import CONFIGS
-
+        """The model config this run trains (a :class:`jaxoff.nn.LayeredModel`), with
+        ``--positions``/``--dtype``/``--param-dtype`` and the policy's stack applied."""
+        from ..nn import load_model
         from ..policy import apply_policy
 
-        base = dataclasses.replace(
-            CONFIGS[self.model],
-            positions=self.positions,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
+        base = load_model(self.model)
+        fields = {f.name for f in dataclasses.fields(base)}
+        over = {}
+        for name in ("positions", "dtype", "param_dtype"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name not in fields:
+                raise ConfigError(
+                    f"--{_opt(name)}: model {model_name(base)} has no {name} field; leave the "
+                    f"option out"
+                )
+            over[name] = value
+        try:
+            base = dataclasses.replace(base, **over)
+        except ValueError as e:  # the model's own validation (e.g. an unknown dtype name)
+            raise ConfigError(f"--model {model_name(base)}: {e}") from None
         return apply_policy(base, self.policy)
+
+    def model_label(self) -> str:
+        """The model's name as written in records (``config.json``, tables)."""
+        return self.model if isinstance(self.model, str) else model_name(self.model)
 
     def store_dir(self) -> Path | None:
         """The page-store directory of the optimizer state, or ``None`` to keep it in RAM."""
@@ -224,9 +232,9 @@ class TrainConfig:
         return tx
 
     def to_json(self) -> dict:
-        return {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
-        }
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["model"] = self.model_label()
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
 
 
 # Fields that may differ between a run and its resumption without changing the result.

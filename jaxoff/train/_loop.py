@@ -7,6 +7,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -83,8 +84,11 @@ def _trim_metrics(path: Path, last_step: int) -> None:
         tmp.replace(path)
 
 
-def train(cfg: TrainConfig) -> TrainResult:
+def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     """Trains ``cfg.model`` for ``cfg.steps`` steps (or resumes); returns the metrics.
+
+    ``model``, a model config object (a :class:`jaxoff.nn.LayeredModel`), replaces
+    ``cfg.model``: train your own model from Python without a ``package.module:factory``.
 
     Example:
         >>> from jaxoff.train import TrainConfig, train
@@ -93,6 +97,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         >>> len(result.losses)
         3
     """
+    if model is not None:
+        cfg = dataclasses.replace(cfg, model=model)
     cfg = cfg.validate()
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)

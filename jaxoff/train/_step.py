@@ -58,9 +58,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
 
 def init_state(model_cfg, tx: optax.GradientTransformation, seed: int):
     """Builds the model and its optimizer state; returns ``(graphdef, TrainState)``."""
-    from models.gpt import GPT
-
-    model = GPT(model_cfg, rngs=nnx.Rngs(seed))
+    model = model_cfg.build(nnx.Rngs(seed))
     graphdef, params = nnx.split(model, nnx.Param)
     state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     return graphdef, state
@@ -68,12 +66,10 @@ def init_state(model_cfg, tx: optax.GradientTransformation, seed: int):
 
 def abstract_state(model_cfg, tx: optax.GradientTransformation):
     """Shapes and dtypes of the TrainState, without allocating it."""
-    from models.gpt import GPT
-
     def build():
-        model = GPT(model_cfg, rngs=nnx.Rngs(0))
+        model = model_cfg.build(nnx.Rngs(0))
         graphdef, params = nnx.split(model, nnx.Param)
         return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0))))
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))))
     return graphdef, jax.eval_shape(build)
