@@ -1,12 +1,13 @@
 """The policy dataclass, its one translation to ``jax.checkpoint_policies``, and parsing.
 
-A :class:`Policy` gives every residual name (``models.gpt.RESIDUAL_NAMES``) one
-:class:`Action`. Intermediates that carry no name are recomputed under a names-based
-policy unless ``untagged`` says JAX's dot policies keep them. So ``device`` for every
-name is close to, but not the same as, no remat: the untagged values between named
-ones (e.g. the LayerNorm statistics, the GELU's inner terms) are recomputed in the
-backward pass. ``remat=False`` (the ``none`` preset) is no remat at all: the scan body
-is not wrapped in ``nnx.remat``.
+A :class:`Policy` gives every residual name of a model (its config's ``residual_names``, the
+names its blocks tag with ``checkpoint_name``) one :class:`Action`; a policy is defined over one
+model's names, given as ``names=`` wherever a policy is made (default: the GPT's,
+``models.gpt.RESIDUAL_NAMES``). Intermediates that carry no name are recomputed under a
+names-based policy unless ``untagged`` says JAX's dot policies keep them. So ``device`` for
+every name is close to, but not the same as, no remat: the untagged values between named ones
+(e.g. the LayerNorm statistics, the GELU's inner terms) are recomputed in the backward pass.
+``remat=False`` (the ``none`` preset) is no remat at all: the blocks do not run under remat.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 
@@ -54,16 +55,34 @@ _UNTAGGED_POLICY: dict[Untagged, Callable | None] = {
 OFFLOAD_SRC, OFFLOAD_DST = "device", "pinned_host"
 
 
-def residual_names() -> tuple[str, ...]:
-    """The names the model tags (``models.gpt.RESIDUAL_NAMES``)."""
+def default_names() -> tuple[str, ...]:
+    """The names policies are over when none are given: the GPT's
+    (``models.gpt.RESIDUAL_NAMES``), imported here so that importing jaxoff imports no model."""
     from models.gpt import RESIDUAL_NAMES
 
     return RESIDUAL_NAMES
 
 
+def as_names(names: Iterable[str] | None) -> tuple[str, ...]:
+    """``names`` as a tuple (``None``: :func:`default_names`); a duplicate is an error."""
+    if names is None:
+        return default_names()
+    if isinstance(names, str):
+        raise ConfigError(f"residual names must be a sequence of names, got the string {names!r}")
+    names = tuple(names)
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ConfigError(f"residual names {names} name {duplicated} more than once")
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Where every named residual of a block lives between forward and backward.
+
+    A policy is over one model's residual names: the names of ``actions``, in the model's
+    order (see :attr:`names`). Make one with :meth:`parse`, :meth:`from_mapping`,
+    :meth:`uniform` or :func:`jaxoff.policy.preset`, giving the model's names as ``names=``.
 
     Attributes:
         actions: ``(name, Action)`` for every residual name, in the model's order.
@@ -76,6 +95,9 @@ class Policy:
         >>> p = Policy.parse("attn_probs=remat,mlp_act=offload,*=device")
         >>> p.action("mlp_act").value, p.offloaded()
         ('offload', ('mlp_act',))
+        >>> toy = Policy.parse("h=offload", names=("x", "h"))  # a model tagging x and h
+        >>> toy.names, toy.action("x").value
+        (('x', 'h'), 'remat')
     """
 
     actions: tuple[tuple[str, Action], ...]
@@ -85,56 +107,86 @@ class Policy:
 
     def __post_init__(self):
         names = [n for n, _ in self.actions]
-        valid = residual_names()
-        unknown = [n for n in names if n not in valid]
-        if unknown:
-            raise ConfigError(_unknown_names_message(unknown, valid))
-        missing = [n for n in valid if n not in names]
-        if missing or len(names) != len(set(names)):
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
             raise ConfigError(
-                f"a policy gives every residual name exactly one action; missing {missing}, "
-                f"duplicated {sorted({n for n in names if names.count(n) > 1})}"
+                f"a policy gives every residual name exactly one action; {duplicated} "
+                f"are given more than one"
             )
+        bad = [n for n, a in self.actions if not isinstance(n, str) or not isinstance(a, Action)]
+        if bad:
+            raise ConfigError(f"policy actions must be (name, jaxoff.policy.Action) pairs: {bad}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The residual names this policy is over, in the model's order."""
+        return tuple(n for n, _ in self.actions)
 
     @classmethod
-    def uniform(cls, action: Action, **kw) -> Policy:
-        """Every name gets ``action``."""
-        return cls(tuple((n, action) for n in residual_names()), **kw)
+    def uniform(cls, action: Action, *, names: Sequence[str] | None = None, **kw) -> Policy:
+        """Every one of ``names`` (default: the GPT's) gets ``action``."""
+        return cls(tuple((n, action) for n in as_names(names)), **kw)
 
     @classmethod
     def from_mapping(
-        cls, mapping: Mapping[str, str | Action], *, base: Policy | None = None, **kw
+        cls,
+        mapping: Mapping[str, str | Action],
+        *,
+        names: Sequence[str] | None = None,
+        base: Policy | None = None,
+        **kw,
     ) -> Policy:
-        """``{name: action}`` with ``"*"`` for every name not listed.
+        """``{name: action}`` with ``"*"`` for every name not listed, over ``names``.
 
-        Names not listed and not covered by ``"*"`` keep ``base``'s action, or are
+        ``names`` are the model's residual names (default: ``base``'s when given, else the
+        GPT's). Names not listed and not covered by ``"*"`` keep ``base``'s action, or are
         recomputed when there is no base (as in JAX's names-based policies).
+
+        Raises:
+            ConfigError: a name that is not one of ``names``, listing the valid ones.
+
+        Example:
+            >>> from jaxoff.policy import Policy
+            >>> Policy.from_mapping({"h": "device"}, names=("x", "h", "y")).describe()
+            'h=device,*=remat'
         """
+        if names is None and base is not None:
+            names = base.names
+        valid = as_names(names)
         parsed = {key: _action(value, key) for key, value in mapping.items()}
-        valid = residual_names()
         unknown = [n for n in parsed if n != "*" and n not in valid]
         if unknown:
             raise ConfigError(_unknown_names_message(unknown, valid))
         default = parsed.pop("*", None)
-        start = dict(base.actions) if base is not None else dict.fromkeys(valid, Action.REMAT)
+        if base is not None:
+            base = base.for_names(valid)
+            start = dict(base.actions)
+            kw = {"untagged": base.untagged, "segments": base.segments, **kw}
+        else:
+            start = dict.fromkeys(valid, Action.REMAT)
         if default is not None:
             start = dict.fromkeys(valid, default)
         start.update(parsed)
-        if base is not None:
-            kw = {"untagged": base.untagged, "segments": base.segments, **kw}
         return cls(tuple((n, start[n]) for n in valid), **kw)
 
     @classmethod
-    def parse(cls, text: str) -> Policy:
-        """Parses ``"name=action,...,*=action"``; a leading preset name is a base.
+    def parse(cls, text: str, *, names: Sequence[str] | None = None) -> Policy:
+        """Parses ``"name=action,...,*=action"`` over ``names`` (default: the GPT's); a
+        leading preset name is a base.
 
-        ``"selective,mlp_act=offload"`` starts from the ``selective`` preset.
+        ``"selective,mlp_act=offload"`` starts from the ``selective`` preset evaluated over
+        ``names``.
+
+        Raises:
+            ConfigError: a name that is not one of ``names`` (listing them), an unknown action
+                or preset, an item that is not ``name=action``, a name given twice.
         """
-        from ._presets import PRESETS
+        from ._presets import PRESETS, preset
 
         items = [item.strip() for item in text.split(",") if item.strip()]
         if not items:
             raise ConfigError("empty policy; write e.g. 'attn_probs=remat,*=device'")
+        valid = as_names(names)
         base = None
         if "=" not in items[0]:
             name = items.pop(0)
@@ -143,7 +195,7 @@ class Policy:
                     f"policy {text!r}: {name!r} is neither a preset nor name=action; "
                     f"presets are {', '.join(PRESETS)}"
                 )
-            base = PRESETS[name].policy
+            base = preset(name, valid)
         mapping: dict[str, str] = {}
         for item in items:
             key, sep, value = item.partition("=")
@@ -155,7 +207,53 @@ class Policy:
             if key.strip() in mapping:
                 raise ConfigError(f"policy {text!r}: {key.strip()!r} is given twice")
             mapping[key.strip()] = value.strip()
-        return cls.from_mapping(mapping, base=base)
+        return cls.from_mapping(mapping, names=valid, base=base)
+
+    def for_names(self, names: Sequence[str] | None = None) -> Policy:
+        """This policy over ``names`` (default: the GPT's), e.g. a model's ``residual_names``.
+
+        Over the same names (in any order) it is this policy in the order of ``names``. A
+        policy that treats every name alike (every name the same action, or no remat) carries
+        over to any names. Otherwise the names must match.
+
+        Raises:
+            ConfigError: the policy names residuals the model lacks, or lacks some the model
+                has; it says which, and how to make the policy over the model's names.
+        """
+        names = as_names(names)
+        mine = dict(self.actions)
+        if set(mine) == set(names):
+            ordered = tuple((n, mine[n]) for n in names)
+            return self if ordered == self.actions else dataclasses.replace(self, actions=ordered)
+        uniform = {a for _, a in self.actions} if self.remat else {Action.DEVICE}
+        if len(uniform) <= 1:
+            action = next(iter(uniform), Action.REMAT)  # over no names: unlisted means remat
+            return dataclasses.replace(self, actions=tuple((n, action) for n in names))
+        unknown = [n for n in mine if n not in names]
+        missing = [n for n in names if n not in mine]
+        raise ConfigError(
+            f"policy {self.describe()!r} is over other residual names than the model's "
+            f"({', '.join(names) or 'none'}): "
+            + "; ".join(
+                part
+                for part in (
+                    unknown and f"the model has no {', '.join(map(repr, unknown))}",
+                    missing and f"it gives no action to {', '.join(map(repr, missing))}",
+                )
+                if part
+            )
+            + "; make it over the model's names, e.g. "
+            "jaxoff.policy.get_policy(spec, names=cfg.residual_names)"
+        )
+
+    @property
+    def needs_names(self) -> bool:
+        """Whether the policy acts through residual names: some name is kept or offloaded.
+
+        A policy that recomputes every name (``full``, ``sqrt``, ``dots_saveable``) or does no
+        remat (``none``) works on a model that tags no names.
+        """
+        return self.remat and any(a is not Action.REMAT for _, a in self.actions)
 
     def action(self, name: str) -> Action:
         return dict(self.actions)[name]
@@ -249,8 +347,9 @@ def _action(value: str | Action, name: str) -> Action:
         ) from None
 
 
-def _unknown_names_message(unknown: Iterable[str], valid: Iterable[str]) -> str:
+def _unknown_names_message(unknown: Iterable[str], valid: Sequence[str]) -> str:
+    listed = ", ".join(valid) if valid else "none (the model tags no residual names)"
     return (
         f"policy: {', '.join(map(repr, unknown))} is not a residual name the model produces; "
-        f"valid names are {', '.join(valid)} (and '*' for every name not listed)"
+        f"valid names are {listed} (and '*' for every name not listed)"
     )

@@ -1,16 +1,18 @@
-"""Spellings of a policy (preset, compact string, TOML file, JAX name) -> Policy / JAX policy."""
+"""Spellings of a policy (preset, compact string, TOML file, JAX name) -> Policy / JAX policy,
+over a model's residual names; and a model config with its stack set by a policy."""
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 
 from .._errors import ConfigError
-from ._policy import Policy, Segments, Untagged, residual_names
-from ._presets import PRESETS
+from ._policy import Policy, Segments, Untagged, as_names
+from ._presets import PRESETS, preset
 
 JAX_POLICIES: tuple[str, ...] = tuple(
     name
@@ -19,62 +21,120 @@ JAX_POLICIES: tuple[str, ...] = tuple(
 )
 """Argument-free ``jax.checkpoint_policies`` names, accepted by :func:`resolve_policy`."""
 
+Spec = str | Policy | None
+"""A policy spelling: a preset name, ``name=action,...``, a ``.toml`` path, a
+:class:`Policy`, or ``None`` (no remat)."""
 
-def get_policy(spec: str | Policy | None) -> Policy:
-    """A :class:`Policy` from a preset name, ``name=action,...`` or a ``.toml`` path.
+
+def get_policy(spec: Spec, names: Sequence[str] | None = None) -> Policy:
+    """A :class:`Policy` over ``names`` from a preset name, ``name=action,...`` or a ``.toml``
+    path.
+
+    Args:
+        spec: the spelling; ``None`` is the ``none`` preset; a :class:`Policy` is returned
+            over ``names`` (see :meth:`Policy.for_names`).
+        names: the model's residual names (its config's ``residual_names``); default: the
+            GPT's.
 
     Raises:
-        ConfigError: naming the presets and residual names that are valid.
+        ConfigError: naming the presets and the residual names (of ``names``) that are valid.
+
+    Example:
+        >>> from jaxoff.policy import get_policy
+        >>> get_policy("selective", names=("attn_q", "attn_probs")).describe()
+        'attn_probs=remat,*=device'
     """
     if isinstance(spec, Policy):
-        return spec
+        return spec.for_names(names)
     spec = "none" if spec is None else spec.strip()
     if spec in PRESETS:
-        return PRESETS[spec].policy
+        return preset(spec, names)
     if spec.endswith(".toml"):
-        return load_policy_file(spec)
+        return load_policy_file(spec, names)
     if "=" in spec or "," in spec:
-        return Policy.parse(spec)
-    raise ConfigError(_unknown_spec(spec))
+        return Policy.parse(spec, names=names)
+    raise ConfigError(_unknown_spec(spec, as_names(names)))
 
 
-def resolve_policy(spec: str | Policy | None):
-    """What ``models.gpt.GPTConfig.policy`` takes: ``None`` (no remat) or a JAX policy.
+def resolve_policy(spec: Spec, names: Sequence[str] | None = None):
+    """What a :class:`jaxoff.nn.Stack`'s ``policy`` takes: ``None`` (no remat) or a JAX policy.
 
-    Accepts everything :func:`get_policy` does, plus the argument-free
-    ``jax.checkpoint_policies`` names. A ``sqrt`` policy resolves to its segment policy;
-    use :func:`apply_policy` to also set the segment size.
+    Accepts everything :func:`get_policy` does (over ``names``, default the GPT's), plus the
+    argument-free ``jax.checkpoint_policies`` names. A ``sqrt`` policy resolves to its segment
+    policy; use :func:`apply_policy` to also set the segment size.
 
     Example:
         >>> from jaxoff.policy import resolve_policy
         >>> resolve_policy("none") is None, callable(resolve_policy("selective"))
         (True, True)
     """
-    if isinstance(spec, str) and spec.strip() in JAX_POLICIES and spec.strip() not in PRESETS:
+    if _is_jax_name(spec):
         return getattr(jax.checkpoint_policies, spec.strip())
-    return get_policy(spec).to_jax()
+    return get_policy(spec, names).to_jax()
 
 
-def apply_policy(model_cfg, spec: str | Policy | None):
-    """``model_cfg`` (a ``GPTConfig``) with its ``policy`` and ``remat_every`` set."""
-    if isinstance(spec, str) and spec.strip() in JAX_POLICIES and spec.strip() not in PRESETS:
-        return dataclasses.replace(model_cfg, policy=resolve_policy(spec), remat_every=1)
-    policy = get_policy(spec)
-    return dataclasses.replace(
-        model_cfg,
-        policy=policy.to_jax(),
-        remat_every=policy.segment_size(model_cfg.num_layers),
-    )
+def apply_policy(model_cfg: Any, spec: Spec) -> Any:
+    """``model_cfg`` (any :class:`jaxoff.nn.LayeredModel` config) with its stack's ``policy``
+    and ``remat_every`` set by ``spec``, resolved over the config's ``residual_names``.
+
+    A model that tags no names takes the policies that do not act through names: ``none``,
+    ``full``, ``sqrt``, ``dots_saveable`` and the other argument-free
+    ``jax.checkpoint_policies`` names.
+
+    Raises:
+        ConfigError: ``model_cfg`` is not a model config; ``spec`` names a residual the model
+            does not tag (listing the model's names); ``spec`` acts through names and the
+            model has none.
+
+    Example:
+        >>> from jaxoff.policy import apply_policy
+        >>> from models.gpt import CONFIGS
+        >>> apply_policy(CONFIGS["small"], "sqrt").stack.remat_every
+        3
+    """
+    from ..nn import check_model, model_name, with_stack
+
+    if _is_jax_name(spec):
+        check_model(model_cfg)
+        return with_stack(model_cfg, policy=resolve_policy(spec), remat_every=1)
+    names = tuple(getattr(model_cfg, "residual_names", ()) or ())
+    # a policy that acts through names would act on nothing: say so rather than run plain remat
+    check_model(model_cfg, needs=["policy"] if not names and _needs_names(spec) else [])
+    try:
+        policy = get_policy(spec, names)
+    except ConfigError as e:
+        raise ConfigError(f"model {model_name(model_cfg)!r}: {e}") from None
+    try:
+        return with_stack(
+            model_cfg, policy=policy.to_jax(), remat_every=policy.segment_size(model_cfg.num_layers)
+        )
+    except ValueError as e:  # the stack's own checks (e.g. segments with streaming)
+        raise ConfigError(f"policy {spec!r} on model {model_name(model_cfg)!r}: {e}") from None
+
+
+def _needs_names(spec: Spec) -> bool:
+    """Whether ``spec`` acts through residual names (a model tagging none cannot take it)."""
+    if spec is None:
+        return False
+    if isinstance(spec, Policy):
+        return spec.needs_names
+    spec = spec.strip()
+    return PRESETS[spec].needs_names if spec in PRESETS else True
+
+
+def _is_jax_name(spec: Spec) -> bool:
+    return isinstance(spec, str) and spec.strip() in JAX_POLICIES and spec.strip() not in PRESETS
 
 
 _OPTIONS = {"preset", "untagged", "segments", "remat"}
 
 
-def load_policy_file(path: str | Path) -> Policy:
+def load_policy_file(path: str | Path, names: Sequence[str] | None = None) -> Policy:
     """Reads a policy from TOML: a ``[policy]`` table (or the top level) of
     ``name = "action"`` entries (``"*"`` for the rest) and optionally ``preset`` (the
     base), ``untagged`` (recompute | dots_saveable | dots_with_no_batch_dims_saveable),
-    ``segments`` (layer | sqrt).
+    ``segments`` (layer | sqrt). The policy is over ``names`` (the model's residual names;
+    default: the GPT's).
 
     Example file::
 
@@ -98,7 +158,7 @@ def load_policy_file(path: str | Path) -> Policy:
                 f"policy file {path}: preset {options['preset']!r} is not one of "
                 f"{', '.join(PRESETS)}"
             )
-        base = PRESETS[options["preset"]].policy
+        base = preset(options["preset"], names)
     kw = {}
     enums = {"untagged": Untagged, "segments": Segments}
     for key, kind in enums.items():
@@ -116,16 +176,17 @@ def load_policy_file(path: str | Path) -> Policy:
     if bad:
         raise ConfigError(f"policy file {path}: values of {bad} must be action strings")
     try:
-        return Policy.from_mapping(table, base=base, **kw)
+        return Policy.from_mapping(table, names=names, base=base, **kw)
     except ConfigError as e:
         raise ConfigError(f"policy file {path}: {e}") from None
 
 
-def _unknown_spec(spec: str) -> str:
+def _unknown_spec(spec: str, names: Sequence[str]) -> str:
     return (
         f"--policy {spec!r} is not a known policy; choose a preset "
         f"({', '.join(PRESETS)}), a jax.checkpoint_policies name "
         f"({', '.join(n for n in JAX_POLICIES if n not in PRESETS)}), a .toml file, or "
         f"name=action pairs such as 'attn_probs=remat,mlp_act=offload,*=device' with names "
-        f"{', '.join(residual_names())} and actions device, offload, remat"
+        f"{', '.join(names) or 'none (the model tags no residual names)'} and actions "
+        f"device, offload, remat"
     )
