@@ -107,8 +107,8 @@ def test_train_config_accepts_every_spelling():
     from jaxoff.train import TrainConfig
 
     for spec in ("selective", "attn_probs=remat,mlp_act=offload,*=device", "dots_saveable"):
-        assert callable(TrainConfig(model="tiny", policy=spec).model_config().policy)
-    assert TrainConfig(model="tiny", policy="none").model_config().policy is None
+        assert callable(TrainConfig(model="tiny", policy=spec).model_config().stack.policy)
+    assert TrainConfig(model="tiny", policy="none").model_config().stack.policy is None
     with pytest.raises(ConfigError, match="valid names are"):
         TrainConfig(model="tiny", policy="attn_probz=remat").validate()
 
@@ -138,8 +138,14 @@ def test_every_shipped_policy_file_parses():
 
 
 def test_policy_is_complete_and_frozen():
-    with pytest.raises(ConfigError, match="missing"):
-        Policy((("attn_q", Action.REMAT),))
+    with pytest.raises(ConfigError, match=r"\['attn_q'\] are given more than one"):
+        Policy((("attn_q", Action.REMAT), ("attn_q", Action.DEVICE)))
+    partial = Policy((("attn_q", Action.DEVICE), ("attn_k", Action.REMAT)))
+    with pytest.raises(ConfigError, match="it gives no action to 'layer_input'"):
+        apply_policy(CONFIGS["tiny"], partial)
+    with pytest.raises(ConfigError, match="the model has no 'mlp_gate'"):
+        gated = Policy.from_mapping({"mlp_gate": "offload"}, names=(*RESIDUAL_NAMES, "mlp_gate"))
+        get_policy(gated)  # over the GPT's names, which have no gate
     with pytest.raises(dataclasses.FrozenInstanceError):
         PRESETS["full"].policy.remat = False  # type: ignore[misc]
 
@@ -148,6 +154,7 @@ def test_sqrt_segments():
     assert sqrt_segment(12) == 3 and sqrt_segment(16) == 4 and sqrt_segment(24) == 4
     assert sqrt_segment(5) == 2  # prime: round(sqrt), shorter last segment
     cfg = apply_policy(CONFIGS["small"], "sqrt")
-    assert cfg.remat_every == 3 and cfg.policy is cp.nothing_saveable
-    assert apply_policy(CONFIGS["small"], "selective").remat_every == 1
+    assert cfg.stack.remat_every == 3 and cfg.stack.policy is cp.nothing_saveable
+    assert apply_policy(cfg, "selective").stack.remat_every == 1  # resets the segments
+    assert apply_policy(cfg, "everything_saveable").stack.remat_every == 1
     assert PRESETS["sqrt"].policy.segments is Segments.SQRT

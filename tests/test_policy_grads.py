@@ -63,5 +63,5 @@ def test_device_temp_memory_ordered():
 
 def test_sqrt_keeps_segment_boundaries_only():
     """tiny: 5 layers in segments of 2, 2, 1; only 3 boundaries kept -> less than no remat."""
-    assert apply_policy(CONFIGS["tiny"], "sqrt").remat_every == 2
+    assert apply_policy(CONFIGS["tiny"], "sqrt").stack.remat_every == 2
     assert _run("sqrt")[2] < _run("none")[2], (_run("sqrt")[2], _run("none")[2])
