@@ -62,6 +62,7 @@ _PHASE = ["start"]  # what the child is doing, for the watchdog's verdict
 
 def model_config(num_layers: int, d_model: int, seq_len: int, mode: str):
     """GPT-2-shaped config of ``num_layers`` blocks of width ``d_model`` for ``mode``."""
+    from jaxoff.nn import Stack
     from models.gpt import GPTConfig
 
     bf16 = mode in ("paged", "fuyou", "plain-bf16")
@@ -74,7 +75,7 @@ def model_config(num_layers: int, d_model: int, seq_len: int, mode: str):
         max_seq_len=max(seq_len, 1024),
         dtype=dtype,
         param_dtype=dtype,
-        policy="nothing_saveable",
+        stack=Stack(policy="nothing_saveable"),
     )
 
 
@@ -141,9 +142,7 @@ def _build_params(cfg):
     import jax.numpy as jnp
     from flax import nnx
 
-    from models.gpt import GPT
-
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0))), nnx.Param)
     out_std = 0.02 / math.sqrt(2 * cfg.num_layers)
     keys = iter(jax.random.split(jax.random.key(0), 4096))
 

@@ -7,7 +7,6 @@ Same model (default ``mini``, nothing_saveable), same paged AdamW, same batch; m
 """
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 import time
@@ -17,10 +16,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxoff.nn import with_stack
 from jaxoff.optim import paged
 from jaxoff.strategies._fuyou import fuyou_init, make_fuyou_step
 from jaxoff.train._step import TrainState, make_train_step
-from models.gpt import CONFIGS, GPT
+from models.gpt import CONFIGS
 
 
 def timed(step, state, inputs, targets, reps):
@@ -44,13 +44,13 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--chunk-mib", type=int, default=4)
     a = ap.parse_args()
-    cfg = dataclasses.replace(CONFIGS[a.model], policy="nothing_saveable")
+    cfg = with_stack(CONFIGS[a.model], policy="nothing_saveable")
     x = jax.random.randint(jax.random.key(0), (a.batch, a.seq + 1), 0, 256)
     inputs, targets = x[:, :-1], x[:, 1:]
     root = tempfile.mkdtemp(prefix="fuyou_bench_")
     out = {}
     for name in ("sequential", "fuyou"):
-        graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         tx = paged(optax.adamw(1e-4), f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
         if name == "fuyou":
             opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)

@@ -22,7 +22,6 @@ from flax import nnx
 
 from jaxoff.train import Batches, TrainConfig, load_corpus, train
 from jaxoff.train._data import split
-from models.gpt import GPT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +35,7 @@ class Args:
 
 def plain_loop(cfg: TrainConfig) -> float:
     """The loop a Flax user writes by hand; returns seconds per step after the first."""
-    model = GPT(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
+    model = cfg.model_config().build(nnx.Rngs(cfg.seed))
     graphdef, params = nnx.split(model, nnx.Param)
     tx = cfg.build_optimizer()
     opt_state = tx.init(params)

@@ -6,17 +6,17 @@ shows what the step exported for cuda looks like.
     python examples/layer_streaming.py
 """
 
-import dataclasses
 
 import jax
 import numpy as np
 import optax
 
+from jaxoff.nn import with_stack
 from jaxoff.placement import check_export, get_placement, jit_step, streamed_model
 from jaxoff.train import init_state, make_train_step
 from models.gpt import CONFIGS
 
-cfg = dataclasses.replace(CONFIGS["tiny"], policy="nothing_saveable")  # streaming = full remat
+cfg = with_stack(CONFIGS["tiny"], policy="nothing_saveable")  # streaming = full remat
 tx = optax.adamw(3e-3)
 tokens = np.random.default_rng(0).integers(0, 256, (5, 4, 33), dtype=np.int32)
 

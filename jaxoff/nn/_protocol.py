@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
+import sys
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
@@ -131,11 +133,19 @@ def count_params(cfg: Any) -> int:
 
 def sizes() -> dict[str, Any]:
     """Every named size of the shipped model families (GPT sizes keep their plain names)."""
+    from models.gpt import CONFIGS as gpt
     from models.llama import CONFIGS as llama
 
-    from models.gpt import CONFIGS as gpt
-
     return {**gpt, **llama}
+
+
+def _import(module_name: str):
+    """Imports ``module_name``; like ``python -m``, the working directory is importable
+    (the ``jaxoff`` script's own ``sys.path`` does not hold it)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(module_name)
 
 
 def load_model(spec: Any) -> Any:
@@ -160,7 +170,7 @@ def load_model(spec: Any) -> Any:
         return known[spec]
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ImportError as e:
         raise ConfigError(
             f"--model {spec!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?"
