@@ -178,7 +178,7 @@ def load_model(spec: Any) -> Any:
     if not hasattr(module, attr):
         raise ConfigError(f"--model {spec!r}: module {module_name!r} has no {attr!r}")
     obj = getattr(module, attr)
-    if callable(obj) and not dataclasses.is_dataclass(obj):
+    if isinstance(obj, type) or (callable(obj) and not dataclasses.is_dataclass(obj)):
         try:
             obj = obj()
         except TypeError as e:

@@ -153,10 +153,11 @@ def make_plan(cfg: PlanConfig, console=None):
 
 def preset_plan(prof, name: str):
     """A names-based preset as a :class:`~jaxoff.plan._cost.Plan` (params, states on device)."""
-    from ..policy import PRESETS
+    from ..policy import preset
     from ._cost import Plan
 
-    return Plan.from_actions(prof, {n: a.value for n, a in PRESETS[name].policy.actions})
+    names = tuple(n.name for n in prof.names)
+    return Plan.from_actions(prof, {n: a.value for n, a in preset(name, names).actions})
 
 
 def run(cfg: PlanConfig) -> int:

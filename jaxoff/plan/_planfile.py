@@ -44,7 +44,8 @@ class PlanFile:
         """The :class:`jaxoff.policy.Policy` of the plan's residual actions."""
         from ..policy import Policy
 
-        return Policy.from_mapping(dict(self.plan.actions))
+        actions = dict(self.plan.actions)
+        return Policy.from_mapping(actions, names=tuple(actions))
 
     def policy_spec(self) -> str:
         """The policy spelled for ``--policy`` (``name=action,...``)."""

@@ -18,7 +18,7 @@ def model_config(recipe: Recipe, base_cfg):
     from ..policy import apply_policy, resolve_policy
 
     cfg = apply_policy(base_cfg, recipe.policy)
-    names = getattr(cfg, "residual_names", None)
+    names = tuple(getattr(cfg, "residual_names", ()) or ())
     over = {
         k: resolve_policy(v, names=names)
         if k.endswith("policy") and (v is None or isinstance(v, str))

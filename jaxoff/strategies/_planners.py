@@ -121,4 +121,5 @@ def policy_spelling(actions: dict[str, str]) -> str:
 
     if not actions:
         raise ConfigError("empty plan")
-    return Policy.from_mapping(actions).describe()
+    # the planners give every residual name of the model an action
+    return Policy.from_mapping(actions, names=tuple(actions)).describe()
