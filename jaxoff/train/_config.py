@@ -39,7 +39,15 @@ class TrainConfig:
         weight_decay: decoupled weight decay (adamw and lion).
         clip_norm: global gradient-norm clipping; 0 disables it.
         seed: seeds parameter init and the batch order.
-        data: a text file or folder; default: this Python's standard-library source.
+        data: a text file or folder (bytes, or text for --tokenizer); a ``.bin`` token file
+            (raw little-endian uint16 ids as nanoGPT's ``prepare.py`` writes, or uint32: see
+            --token-dtype) or a ``.npy`` token file, memory-mapped; default: this Python's
+            standard-library source. See ``docs/your-model.md``.
+        tokenizer: a Hugging Face ``tokenizers`` JSON file that encodes the --data text
+            (needs ``pip install 'jaxoff[data]'``); the model's vocab_size must cover its
+            vocabulary.
+        token_dtype: element type of a ``.bin`` token file: ``auto`` (the ``dtype`` of a
+            ``<file>.json`` or ``meta.json`` sidecar, else uint16), ``uint16`` or ``uint32``.
         val_fraction: share of the corpus held out for validation.
         eval_every: steps between validation losses; 0 disables them.
         eval_batches: batches per validation loss.
@@ -82,6 +90,8 @@ class TrainConfig:
     clip_norm: float = 1.0
     seed: int = 0
     data: Path | None = None
+    tokenizer: Path | None = None
+    token_dtype: str = "auto"
     val_fraction: float = 0.05
     eval_every: int = 50
     eval_batches: int = 4
@@ -149,6 +159,7 @@ class TrainConfig:
                 )
         if self.data is not None and not Path(self.data).exists():
             raise ConfigError(f"--data {self.data}: no such file or directory")
+        _check_data_options(self.data, self.tokenizer, self.token_dtype)
         _check_writable(Path(self.out_dir))
         return self
 
@@ -259,6 +270,30 @@ def _opt(field: str) -> str:
     return field.replace("_", "-")
 
 
+def _check_data_options(data: Path | None, tokenizer: Path | None, token_dtype: str) -> None:
+    """--tokenizer and --token-dtype fit --data (the files themselves are read by training)."""
+    from ._data import TOKEN_DTYPES, TOKEN_FILE_SUFFIXES
+
+    is_token_file = data is not None and Path(data).suffix in TOKEN_FILE_SUFFIXES
+    if token_dtype != "auto" and token_dtype not in TOKEN_DTYPES:
+        raise ConfigError(
+            f"--token-dtype {token_dtype!r} is not a token type; choose auto or one of "
+            f"{', '.join(TOKEN_DTYPES)}"
+        )
+    if token_dtype != "auto" and not (is_token_file and Path(data).suffix == ".bin"):
+        raise ConfigError(
+            f"--token-dtype {token_dtype} applies to .bin token files, not to --data "
+            f"{data or 'default (text)'}; leave it at auto"
+        )
+    if tokenizer is not None:
+        if is_token_file:
+            raise ConfigError(
+                f"--data {data} is already tokens; --tokenizer encodes text files: leave it out"
+            )
+        if not Path(tokenizer).is_file():
+            raise ConfigError(f"--tokenizer {tokenizer}: no such file (a tokenizers JSON file)")
+
+
 def _check_writable(out_dir: Path) -> None:
     """Creates ``out_dir`` and proves a file can be written there."""
     try:
@@ -288,7 +323,7 @@ def load_config_file(path: Path | str) -> dict:
         raise ConfigError(
             f"--config {path}: unknown keys {unknown}; valid keys are {', '.join(known)}"
         )
-    for key in ("data", "out_dir"):
+    for key in ("data", "tokenizer", "out_dir"):
         if values.get(key) is not None:
             values[key] = Path(values[key])
     return values
