@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxoff._errors import ConfigError
-from jaxoff.nn import with_stack
+from jaxoff.nn import load_model, with_stack
 from jaxoff.optim import paged
 from jaxoff.strategies._fuyou import (
     _layout,
@@ -21,7 +21,6 @@ from jaxoff.strategies._fuyou import (
     make_fuyou_step,
 )
 from jaxoff.train._step import TrainState, make_train_step
-from models.gpt import CONFIGS, GPT
 
 LR = optax.warmup_cosine_decay_schedule(0.0, 3e-2, 3, 30, end_value=3e-3)
 CHUNK = 1 << 14
@@ -31,10 +30,10 @@ def inner():
     return optax.adamw(LR, b1=0.9, b2=0.95, weight_decay=0.1)
 
 
-def config(dtype):
+def config(dtype, model="tiny"):
     # fuyou recomputes each block in backward: the sequential reference does the same
     # arithmetic under nothing_saveable (with no remat XLA fuses the backward differently)
-    cfg = dataclasses.replace(CONFIGS["tiny"], param_dtype=dtype)
+    cfg = dataclasses.replace(load_model(model), param_dtype=dtype)
     return with_stack(cfg, policy="nothing_saveable")
 
 
@@ -44,22 +43,24 @@ def batch(t):
 
 
 def fuyou_run(cfg, root):
-    graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
     tx = paged(inner(), root, chunk_bytes=CHUNK)
     state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
     return tx, state, jax.jit(make_fuyou_step(graphdef, cfg, tx), donate_argnums=0)
 
 
 def seq_run(cfg, root):
-    graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
     tx = paged(inner(), root, chunk_bytes=CHUNK)
     state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     return tx, state, jax.jit(make_train_step(graphdef, tx), donate_argnums=0)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_bitwise_equal_to_sequential_paged(tmp_path, dtype):
-    cfg = config(dtype)
+@pytest.mark.parametrize(
+    "model, dtype", [("tiny", "float32"), ("tiny", "bfloat16"), ("llama-tiny", "float32")]
+)
+def test_bitwise_equal_to_sequential_paged(tmp_path, model, dtype):
+    cfg = config(dtype, model)
     tx1, s1, step1 = seq_run(cfg, tmp_path / "seq")
     tx2, s2, step2 = fuyou_run(cfg, tmp_path / "fuyou")
     for t in range(10):
@@ -122,7 +123,7 @@ def test_page_io_inside_backward_loop(tmp_path):
 
 def test_clipping_is_refused(tmp_path):
     cfg = config("float32")
-    graphdef, _ = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, _ = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
     clip = optax.clip_by_global_norm(1.0)
     for tx in (paged(optax.chain(clip, inner()), tmp_path / "a", chunk_bytes=CHUNK),
                optax.chain(clip, paged(inner(), tmp_path / "b", chunk_bytes=CHUNK))):
@@ -137,7 +138,7 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
     def bits_setup(layers, root):
         cfg = dataclasses.replace(config("bfloat16"), num_layers=layers, d_model=512,
                                   num_heads=4, d_ff=2048)
-        graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         tx = paged(inner(), root, chunk_bytes=CHUNK, slots=1)
         opt = fuyou_init(cfg, tx, params)
         blocks_bytes = sum(x.nbytes for x in jax.tree.leaves(params["blocks"]))

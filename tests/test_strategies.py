@@ -27,7 +27,7 @@ import pytest
 from jaxoff import ConfigError
 from jaxoff.cli import main
 from jaxoff.compare._strategies import export_check, offloaded_activation_bytes
-from jaxoff.nn import with_stack
+from jaxoff.nn import load_model, with_stack
 from jaxoff.strategies import (
     STRATEGIES,
     Context,
@@ -65,13 +65,13 @@ def sgd():
     return optax.sgd(3e-2, momentum=0.9)
 
 
-def ctx(device_mem=BUDGET):
-    return Context(TINY, B, T, device_mem=device_mem, model="tiny")
+def ctx(device_mem=BUDGET, model="tiny"):
+    return Context(load_model(model), B, T, device_mem=device_mem, model=model)
 
 
-def train(recipe: Recipe, store=None):
-    """``STEPS`` steps of ``recipe``'s real step: (final state, losses)."""
-    prep = prepare(recipe, TINY, sgd(), store_dir=store, chunk_bytes=8192)
+def train(recipe: Recipe, store=None, model="tiny"):
+    """``STEPS`` steps of ``recipe``'s real step on ``model``: (final state, losses)."""
+    prep = prepare(recipe, load_model(model), sgd(), store_dir=store, chunk_bytes=8192)
     step = prep.step.lower(prep.state, TOKENS[0, :, :-1], TOKENS[0, :, 1:]).compile()
     state, losses = prep.state, []
     for i in range(STEPS):
@@ -83,8 +83,8 @@ def train(recipe: Recipe, store=None):
 
 
 @functools.cache
-def plain(policy: str):
-    return train(Recipe(policy=policy))
+def plain(policy: str, model: str = "tiny"):
+    return train(Recipe(policy=policy), model=model)
 
 
 def assert_bitwise(a, b):
@@ -101,17 +101,18 @@ def assert_close(state, ref_state, losses, ref_losses):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("model", ["tiny", "llama-tiny"])
 @pytest.mark.parametrize("name", NAMES)
-def test_strategy_trains_like_plain_training(name, tmp_path):
-    recipe = build_recipe(name, ctx())
-    state, losses = train(recipe, store=tmp_path / "s")
-    ref_state, ref_losses = plain(PLAIN.get(name, "none"))
+def test_strategy_trains_like_plain_training(name, model, tmp_path):
+    recipe = build_recipe(name, ctx(model=model))
+    state, losses = train(recipe, store=tmp_path / "s", model=model)
+    ref_state, ref_losses = plain(PLAIN.get(name, "none"), model)
     assert_close(state, ref_state, losses, ref_losses)
     if name in SAME_ARITHMETIC:
         same = SAME_ARITHMETIC[name] or dataclasses.replace(
             recipe, stack_overrides={**recipe.stack_overrides, "split_policy": "*=device"}
         )
-        same_state, same_losses = train(same, store=tmp_path / "ref")
+        same_state, same_losses = train(same, store=tmp_path / "ref", model=model)
         assert losses == same_losses
         assert_bitwise(state.params, same_state.params)
 
