@@ -118,3 +118,19 @@ def test_check_model_names_what_a_feature_needs():
     with pytest.raises(ConfigError, match="stacked blocks at .blocks.*which streaming needs"):
         check_model(NoBlocks(), needs=["streaming"])
     assert jnp.dtype(MixerConfig().dtype) == jnp.float32
+
+
+def test_train_on_a_token_file_and_refuse_ids_beyond_the_vocabulary(tmp_path):
+    from jaxoff.train._data import load_corpus
+
+    ids = load_corpus(max_bytes=1 << 16).astype(np.uint16)
+    ids.tofile(tmp_path / "train.bin")  # nanoGPT's prepare.py format
+    args = dict(model="tiny", batch_size=2, seq_len=32, steps=3, eval_every=0, ckpt_every=0,
+                progress=False, store="none", data=tmp_path / "train.bin")
+    result = train(TrainConfig(**args, out_dir=tmp_path / "a"))
+    assert len(result.losses) == 3 and all(np.isfinite(result.losses))
+    big = ids.copy()
+    big[5] = 300  # an id the 256-token model cannot embed
+    big.tofile(tmp_path / "big.bin")
+    with pytest.raises(ConfigError, match="vocab_size 256"):
+        train(TrainConfig(**{**args, "data": tmp_path / "big.bin"}, out_dir=tmp_path / "b"))

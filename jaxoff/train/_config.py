@@ -323,7 +323,7 @@ def load_config_file(path: Path | str) -> dict:
         raise ConfigError(
             f"--config {path}: unknown keys {unknown}; valid keys are {', '.join(known)}"
         )
-    for key in ("data", "tokenizer", "out_dir"):
+    for key in ("data", "tokenizer", "out_dir", "plan"):
         if values.get(key) is not None:
             values[key] = Path(values[key])
     return values

@@ -22,7 +22,7 @@ from ..placement import (
 )
 from ._checkpoint import Checkpoints, check_resumable
 from ._config import RESUMABLE_CHANGES, TrainConfig
-from ._data import Batches, load_corpus, split
+from ._data import Batches, check_vocab, load_tokens, split
 from ._metrics import (
     GIB,
     MetricsLog,
@@ -102,7 +102,9 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     cfg = cfg.validate()
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_tokens, val_tokens = split(load_corpus(cfg.data), cfg.val_fraction)
+    tokens, vocab = load_tokens(cfg.data, cfg.tokenizer, cfg.token_dtype)
+    check_vocab(vocab, cfg.model_config().vocab_size, f"model {cfg.model_label()}")
+    train_tokens, val_tokens = split(tokens, cfg.val_fraction)
     batches = Batches(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
     val_batches = Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
 
