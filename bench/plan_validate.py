@@ -19,11 +19,12 @@ import json
 import random
 import time
 
+from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
+
 from jaxoff.plan import Plan, evaluate, profile, solve
 from jaxoff.plan._config import COMPARED_PRESETS, preset_plan
 from jaxoff.plan._hardware import calibrate
 from jaxoff.plan._profile import measured_temp_bytes
-from models.gpt import CONFIGS, RESIDUAL_NAMES
 
 
 def memory_grid(models, shapes, seed, hw, out):

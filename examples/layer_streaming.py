@@ -10,11 +10,11 @@ shows what the step exported for cuda looks like.
 import jax
 import numpy as np
 import optax
+from jaxoff.models.gpt import CONFIGS
 
 from jaxoff.nn import with_stack
 from jaxoff.placement import check_export, get_placement, jit_step, streamed_model
 from jaxoff.train import init_state, make_train_step
-from models.gpt import CONFIGS
 
 cfg = with_stack(CONFIGS["tiny"], policy="nothing_saveable")  # streaming = full remat
 tx = optax.adamw(3e-3)

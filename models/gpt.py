@@ -30,7 +30,7 @@ name              tensor                                      shape
 Example:
     >>> import jax.numpy as jnp
     >>> from flax import nnx
-    >>> from models.gpt import CONFIGS, GPT
+    >>> from jaxoff.models.gpt import CONFIGS, GPT
     >>> model = GPT(CONFIGS["tiny"], rngs=nnx.Rngs(0))
     >>> model(jnp.zeros((2, 16), jnp.int32)).shape
     (2, 16, 256)

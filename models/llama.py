@@ -33,7 +33,7 @@ name              tensor                                      shape
 Example:
     >>> import jax.numpy as jnp
     >>> from flax import nnx
-    >>> from models.llama import CONFIGS
+    >>> from jaxoff.models.llama import CONFIGS
     >>> model = CONFIGS["llama-tiny"].build(nnx.Rngs(0))
     >>> model(jnp.zeros((2, 16), jnp.int32)).shape
     (2, 16, 256)

@@ -8,6 +8,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+from jaxoff.models.gpt import CONFIGS
 
 from jaxoff.cli import main
 from jaxoff.compare._measure import (
@@ -19,7 +20,6 @@ from jaxoff.compare._measure import (
     step_flops,
 )
 from jaxoff.train._step import abstract_state, make_train_step
-from models.gpt import CONFIGS
 
 B, T = 2, 16
 

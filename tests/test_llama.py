@@ -9,9 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jaxoff.models.llama import (
+    CONFIGS,
+    RESIDUAL_NAMES,
+    VOCAB_SIZE,
+    LlamaConfig,
+    rotary,
+    swiglu_width,
+)
 
 from jaxoff.nn import Stack, check_model, count_params, load_model, with_stack
-from models.llama import CONFIGS, RESIDUAL_NAMES, VOCAB_SIZE, LlamaConfig, rotary, swiglu_width
 
 TINY = CONFIGS["llama-tiny"]  # 5 layers, 4 query heads over 2 key/value heads
 

@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jaxoff.models.gpt import CONFIGS, GPT, RESIDUAL_NAMES, VOCAB_SIZE, GPTConfig
 
 from jaxoff.nn import with_stack
-from models.gpt import CONFIGS, GPT, RESIDUAL_NAMES, VOCAB_SIZE, GPTConfig
 
 TINY = CONFIGS["tiny"]
 

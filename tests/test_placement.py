@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from jaxoff.models.gpt import CONFIGS
 
 from jaxoff import ConfigError, TrainConfig
 from jaxoff.nn import Stack, with_stack
@@ -22,7 +23,6 @@ from jaxoff.placement import (
     with_paged_optimizer,
 )
 from jaxoff.train._step import init_state, make_train_step
-from models.gpt import CONFIGS
 
 STEPS = 10
 B, T = 4, 16

@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES, GPTConfig
 
 from jaxoff.plan import (
     InfeasibleError,
@@ -26,7 +27,6 @@ from jaxoff.plan._hardware import GIB, disk_from_iobench, parse_size
 from jaxoff.plan._planfile import PlanFile
 from jaxoff.plan._profile import measured_temp_bytes, traced_residual_bytes
 from jaxoff.plan._solver import _solve
-from models.gpt import CONFIGS, RESIDUAL_NAMES, GPTConfig
 
 # deep and narrow: the stacked residuals dominate as in real models, compiles stay fast
 DEEP = GPTConfig(12, 64, 4, 256, max_seq_len=64)

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import pytest
+from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
 
 from jaxoff._errors import ConfigError
 from jaxoff.policy import (
@@ -20,7 +21,6 @@ from jaxoff.policy import (
     resolve_policy,
     sqrt_segment,
 )
-from models.gpt import CONFIGS, RESIDUAL_NAMES
 
 cp = jax.checkpoint_policies
 

@@ -7,6 +7,7 @@ import collections
 import jax
 import jax.numpy as jnp
 import pytest
+from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
 
 from jaxoff.compare._export import (
     check_export,
@@ -18,7 +19,6 @@ from jaxoff.compare._export import (
 from jaxoff.compare._measure import model_config, optimizer
 from jaxoff.policy import PRESETS, get_policy
 from jaxoff.train._step import abstract_state, make_train_step
-from models.gpt import CONFIGS, RESIDUAL_NAMES
 
 B, T = 2, 16
 NOT_RESIDUALS = {"mlp_down"}  # only added to the residual stream: backward never reads it

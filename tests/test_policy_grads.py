@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jaxoff.models.gpt import CONFIGS
 
 from jaxoff.policy import PRESETS, apply_policy
 from jaxoff.train._step import init_state, make_loss_fn
-from models.gpt import CONFIGS
 
 B, T = 4, 64  # attention scores [B, H, T, T] big enough to matter in temp memory
 

@@ -13,6 +13,7 @@ import optax
 import pytest
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+from jaxoff.models.gpt import RESIDUAL_NAMES as GPT_NAMES
 
 from jaxoff._errors import ConfigError
 from jaxoff.nn import Stack, run_stack, stacked
@@ -27,7 +28,6 @@ from jaxoff.policy import (
     preset,
     resolve_policy,
 )
-from models.gpt import RESIDUAL_NAMES as GPT_NAMES
 
 cp = jax.checkpoint_policies
 
@@ -109,7 +109,7 @@ def _loss_and_grads(cfg):
 def test_import_of_jaxoff_policy_imports_no_model():
     code = (
         "import sys, jaxoff.policy\n"
-        "loaded = [m for m in sys.modules if m == 'models' or m.startswith('models.')]\n"
+        "loaded = [m for m in sys.modules if m.startswith('jaxoff.models')]\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -188,7 +188,7 @@ def test_llama_presets():
     from jax._src.ad_checkpoint import name_p
     from jax._src.interpreters import partial_eval as pe
 
-    llama = pytest.importorskip("models.llama")
+    llama = pytest.importorskip("jaxoff.models.llama")
     names = tuple(llama.RESIDUAL_NAMES)
     assert "mlp_gate" in names
     assert "mlp_gate" in preset("offload_dots", names).offloaded()

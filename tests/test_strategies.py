@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jaxoff.models.gpt import CONFIGS
 
 from jaxoff import ConfigError
 from jaxoff.cli import main
@@ -39,7 +40,6 @@ from jaxoff.strategies import (
     strategy_overrides,
 )
 from jaxoff.train._step import init_state, make_loss_fn
-from models.gpt import CONFIGS
 
 STEPS = 10
 B, T = 4, 32

@@ -133,8 +133,8 @@ def count_params(cfg: Any) -> int:
 
 def sizes() -> dict[str, Any]:
     """Every named size of the shipped model families (GPT sizes keep their plain names)."""
-    from models.gpt import CONFIGS as gpt
-    from models.llama import CONFIGS as llama
+    from jaxoff.models.gpt import CONFIGS as gpt
+    from jaxoff.models.llama import CONFIGS as llama
 
     return {**gpt, **llama}
 

@@ -167,7 +167,7 @@ def profile(
     ``calibrate``, compiles the scanned step twice for the workspace figure.
 
     Example:
-        >>> from models.gpt import CONFIGS
+        >>> from jaxoff.models.gpt import CONFIGS
         >>> from jaxoff.plan import profile
         >>> p = profile(CONFIGS["tiny"], 2, 16, model="tiny", calibrate=False)
         >>> p.name("mlp_up").bytes  # [2, 16, 512] float32

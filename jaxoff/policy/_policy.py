@@ -3,7 +3,7 @@
 A :class:`Policy` gives every residual name of a model (its config's ``residual_names``, the
 names its blocks tag with ``checkpoint_name``) one :class:`Action`; a policy is defined over one
 model's names, given as ``names=`` wherever a policy is made (default: the GPT's,
-``models.gpt.RESIDUAL_NAMES``). Intermediates that carry no name are recomputed under a
+``jaxoff.models.gpt.RESIDUAL_NAMES``). Intermediates that carry no name are recomputed under a
 names-based policy unless ``untagged`` says JAX's dot policies keep them. So ``device`` for
 every name is close to, but not the same as, no remat: the untagged values between named ones
 (e.g. the LayerNorm statistics, the GELU's inner terms) are recomputed in the backward pass.
@@ -57,8 +57,9 @@ OFFLOAD_SRC, OFFLOAD_DST = "device", "pinned_host"
 
 def default_names() -> tuple[str, ...]:
     """The names policies are over when none are given: the GPT's
-    (``models.gpt.RESIDUAL_NAMES``), imported here so that importing jaxoff imports no model."""
-    from models.gpt import RESIDUAL_NAMES
+    (``jaxoff.models.gpt.RESIDUAL_NAMES``), imported here so that importing jaxoff imports no
+    model."""
+    from jaxoff.models.gpt import RESIDUAL_NAMES
 
     return RESIDUAL_NAMES
 

@@ -66,7 +66,7 @@ class Preset:
 
     @property
     def policy(self) -> Policy:
-        """The preset over the GPT's names (``models.gpt.RESIDUAL_NAMES``)."""
+        """The preset over the GPT's names (``jaxoff.models.gpt.RESIDUAL_NAMES``)."""
         return self.for_names(None)
 
     @property

@@ -88,7 +88,7 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
 
     Example:
         >>> from jaxoff.policy import apply_policy
-        >>> from models.gpt import CONFIGS
+        >>> from jaxoff.models.gpt import CONFIGS
         >>> apply_policy(CONFIGS["small"], "sqrt").stack.remat_every
         3
     """

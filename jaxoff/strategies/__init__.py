@@ -7,7 +7,7 @@ strategy; :func:`strategy_overrides` gives the ``TrainConfig`` values that run o
 :func:`prepare` builds its jitted step. See ``docs/porting.md``.
 
 Example:
-    >>> from models.gpt import CONFIGS
+    >>> from jaxoff.models.gpt import CONFIGS
     >>> from jaxoff.strategies import Context, get_strategy
     >>> get_strategy("l2l").recipe(Context(CONFIGS["tiny"], 4, 32)).placement
     'host_params_stream1'

@@ -93,7 +93,7 @@ def prepare(
 
     Example:
         >>> import optax
-        >>> from models.gpt import CONFIGS
+        >>> from jaxoff.models.gpt import CONFIGS
         >>> from jaxoff.strategies import Recipe, prepare
         >>> p = prepare(Recipe(policy="selective"), CONFIGS["tiny"], optax.adam(1e-3))
         >>> p.placement.params

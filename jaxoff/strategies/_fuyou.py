@@ -21,7 +21,7 @@ Global operations that need every gradient first (``clip_by_global_norm``, ...) 
 Example:
     >>> import optax, tempfile, jax, jax.numpy as jnp
     >>> from flax import nnx
-    >>> from models.gpt import CONFIGS
+    >>> from jaxoff.models.gpt import CONFIGS
     >>> from jaxoff.optim import paged
     >>> from jaxoff.train._step import TrainState
     >>> cfg = CONFIGS["tiny"]

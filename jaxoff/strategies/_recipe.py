@@ -216,7 +216,7 @@ def strategy_overrides(
     ``update_in_backward`` when the strategy needs them (the trainer must apply those).
 
     Example:
-        >>> from models.gpt import CONFIGS
+        >>> from jaxoff.models.gpt import CONFIGS
         >>> from jaxoff.strategies import strategy_overrides
         >>> strategy_overrides("zero_infinity", CONFIGS["tiny"], 4, 32)
         {'policy': 'full', 'placement': 'host_params', 'store': 'auto'}
