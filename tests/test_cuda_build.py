@@ -87,12 +87,14 @@ def test_cuda_module_loads_with_no_driver_and_binds_the_host_half():
     assert mod.pinned_bytes() == {"held": 0, "cap": mod.pinned_bytes()["cap"]}
 
 
-def test_cuda_status_on_a_machine_without_gpu():
+def test_cuda_status_is_consistent():
+    _ffi_calls.register_targets()
     s = cuda_status()
     assert s.built == bool(_cuda.build_info()["cuda"])
     assert s.mode in ("auto", "on", "off")
     assert s.reason and "\n" not in s.reason
-    assert not s.gpu_backend and not s.registered  # the tests run on CPU (conftest)
+    # Registered exactly when JAX has a GPU and the module loads (CPU under conftest's default).
+    assert s.registered == (s.gpu_backend and s.importable)
     if s.importable:
         assert s.targets == tuple(sorted(_cuda.PAGING_TARGETS))
         assert s.runtime is not None
@@ -169,14 +171,15 @@ def test_store_on_a_filesystem_without_o_direct_falls_back_to_buffered(tmp_path)
         shutil.rmtree(d, ignore_errors=True)
 
 
-def configure(tmp_path, mode):
+def configure(tmp_path, mode, *extra):
     """Configures ffi/ without the Python module (fast, no nanobind) under JAXOFF_CUDA=mode."""
     cmake = shutil.which("cmake")
     if cmake is None:
         pytest.skip("no cmake on PATH")
     env = dict(os.environ, JAXOFF_CUDA=mode)
+    build = tmp_path / f"b-{mode}-{len(extra)}"
     return subprocess.run(
-        [cmake, "-S", FFI_DIR, "-B", str(tmp_path / "b"), "-DJAXOFF_BUILD_PYTHON=OFF"],
+        [cmake, "-S", FFI_DIR, "-B", str(build), "-DJAXOFF_BUILD_PYTHON=OFF", *extra],
         env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -185,8 +188,21 @@ def test_cmake_reads_jaxoff_cuda_from_the_environment(tmp_path):
     off = configure(tmp_path, "off")
     assert off.returncode == 0, off.stderr
     assert "jaxoff: JAXOFF_CUDA=off: jaxoff._ffi_cuda JAXOFF_CUDA=off" in off.stdout
-    info = (tmp_path / "b" / "generated" / "build_info.h").read_text()
+    info = (tmp_path / "b-off-0" / "generated" / "build_info.h").read_text()
     assert "#define JAXOFF_CUDA_BUILT 0" in info
     bad = configure(tmp_path, "maybe")
     assert bad.returncode != 0
     assert "JAXOFF_CUDA must be auto, on or off (got 'maybe')" in bad.stderr
+
+
+@pytest.mark.subprocess
+def test_cmake_without_a_toolkit_builds_cpu_only_unless_cuda_is_required(tmp_path):
+    """A machine without nvcc, simulated by hiding FindCUDAToolkit: auto configures the CPU
+    build (and says why); on fails at configure time with what to do."""
+    hide = "-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON"
+    auto = configure(tmp_path, "auto", hide)
+    assert auto.returncode == 0, auto.stderr
+    assert "jaxoff._ffi_cuda no CUDA toolkit found at build time" in auto.stdout
+    on = configure(tmp_path, "on", hide)
+    assert on.returncode != 0
+    assert "JAXOFF_CUDA=on but no CUDA toolkit found" in on.stderr
