@@ -231,6 +231,8 @@ def test_standard_save_alone_is_refused_as_stale(tmp_path):
     with pytest.raises(Exception, match="the state is stale.*PagedSave"):
         jax.block_until_ready(linen_run(old, 3, 4))
     # Saving a state that is not the store's latest is refused at save time as well.
+    mngr.close()
+    mngr = ocp.CheckpointManager(tmp_path / "ckpt2")
     with pytest.raises(Exception, match="stale"):
         mngr.save(4, args=PagedSave(tx, state))
     mngr.close()
