@@ -2,6 +2,8 @@
 #include <nanobind/nanobind.h>
 
 #include "adamw_kernel.h"
+#include "build_info.h"
+#include "host_paging_api.h"
 #include "page_handlers.h"
 #include "py_engine.h"
 #include "smoke_handlers.h"
@@ -53,5 +55,18 @@ NB_MODULE(_ffi, m) {
     d["jaxoff_page_state"] = page;
     return d;
   }, "FFI state types, name -> {type_id, type_info} capsules for jax.ffi.register_ffi_type.");
+  m.def("host_paging_api", []() {
+    return nb::capsule(const_cast<void*>(static_cast<const void*>(jaxoff::host_api::GetApi())),
+                       jaxoff::host_api::kCapsuleName);
+  }, "The host half of paging (host_paging_api.h) for the platform modules (jaxoff._ffi_cuda).");
+  m.def("build_info", []() {
+    nb::dict d;
+    // Set by CMake: whether jaxoff._ffi_cuda was built in the same build, and why not.
+    d["cuda"] = JAXOFF_CUDA_BUILT != 0;
+    d["cuda_mode"] = JAXOFF_CUDA_MODE;
+    d["cuda_reason"] = JAXOFF_CUDA_REASON;
+    d["cuda_toolkit"] = JAXOFF_CUDA_TOOLKIT;
+    return d;
+  }, "How this build was configured: CUDA module built or not (cuda_reason says why).");
   h::BindEngine(m);
 }

@@ -1,5 +1,7 @@
 """Async I/O: the C++ engine, the page store (crash-consistent page files), FFI paging calls."""
 
+from ._cuda import CudaStatus as CudaStatus
+from ._cuda import cuda_status as cuda_status
 from ._engine import Engine as Engine
 from ._engine import EngineConfig as EngineConfig
 from ._engine import crc32c as crc32c
@@ -31,6 +33,8 @@ from ._store_errors import PageStoreNotFoundError as PageStoreNotFoundError
 from ._store_errors import PageStoreTornError as PageStoreTornError
 
 __all__ = [
+    "CudaStatus",
+    "cuda_status",
     "Engine",
     "EngineConfig",
     "crc32c",

@@ -35,6 +35,13 @@ compute) waits for that read only, verifies and copies it out. Writes go the oth
 ``page_out(..., write_behind=True)``: it returns once the bytes are in staging and
 :func:`page_flush` waits for every such write (and reports their errors): a commit must depend
 on its token. Reads and writes of one table that overlap on disk keep their order.
+
+On a GPU the same calls run the CUDA handlers of ``jaxoff._ffi_cuda`` (registered for platform
+``CUDA`` under the same names): the disk side is the CPU engine's, and the bytes move between
+the device and page-locked host staging with ``cudaMemcpyAsync`` on XLA's stream. Those
+handlers are synchronous (the host waits for the disk), so on a GPU overlap comes from
+split-phase paging alone. A jaxoff built without CUDA fails a paging call traced for a GPU with
+a one-line :class:`~jaxoff.JaxoffError` (see :func:`jaxoff.aio.cuda_status`).
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxoff import _ffi
+from jaxoff._errors import JaxoffError
+from jaxoff.aio import _cuda
 from jaxoff.aio._engine import EngineConfig
 
 PAGE_IN = "jaxoff_page_in"
@@ -59,23 +68,62 @@ PAGE_FLUSH = "jaxoff_page_flush"
 
 _lock = threading.Lock()
 _registered = False
+_cuda_checked = False
+_cuda_registered = False
+_cuda_missing = ""  # why a GPU backend exists without CUDA paging targets ("" otherwise)
 
 
 def register_targets() -> None:
-    """Registers every jaxoff FFI target and state type with XLA (CPU). Idempotent.
+    """Registers every jaxoff FFI target and state type with XLA. Idempotent.
 
-    State types can only be registered once a backend exists, so this calls ``jax.devices()``.
+    CPU always; when JAX has a GPU backend, also the paging targets for platform ``CUDA``
+    (from ``jaxoff._ffi_cuda``, if this build has it). State types can only be registered once
+    a backend exists, so this calls ``jax.devices()``.
     """
     global _registered
     with _lock:
-        if _registered:
-            return
-        jax.devices()
-        for name, type_registration in _ffi.state_types().items():
-            jax.ffi.register_ffi_type(name, type_registration, platform="cpu")
-        for name, capsule in _ffi.registrations().items():
-            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-        _registered = True
+        if not _registered:
+            jax.devices()
+            for name, type_registration in _ffi.state_types().items():
+                jax.ffi.register_ffi_type(name, type_registration, platform="cpu")
+            for name, capsule in _ffi.registrations().items():
+                jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+            _registered = True
+        _register_cuda()
+
+
+def _register_cuda() -> None:
+    """The CUDA paging targets, once, if JAX has a GPU backend (called with _lock held)."""
+    global _cuda_checked, _cuda_registered, _cuda_missing
+    if _cuda_checked:
+        return
+    _cuda_checked = True
+    if not _cuda.gpu_backend_present():
+        return
+    mod = _cuda.module()
+    if mod is None:
+        _cuda_missing = _cuda.missing_reason()
+        return
+    mod.bind_host_api(_ffi.host_paging_api())
+    for name, type_registration in mod.state_types().items():
+        jax.ffi.register_ffi_type(name, type_registration, platform="CUDA")
+    for name, capsule in mod.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    _cuda_registered = True
+
+
+def cuda_registered() -> bool:
+    """The paging targets are registered for platform CUDA in this process."""
+    return _cuda_registered
+
+
+def _require_platform(target: str) -> None:
+    """Registers the targets; a paging call traced for a GPU that has no CUDA handlers fails
+    here with one line, not with an XLA lowering error at compile time."""
+    register_targets()
+    if _cuda_missing and _cuda.default_is_gpu():
+        raise JaxoffError(f"{target} cannot run on the GPU: {_cuda_missing}; {_cuda.REINSTALL}, "
+                          f"or run the step on the CPU (jax.default_device(jax.devices('cpu')[0]))")
 
 
 def register_file_table(
@@ -184,7 +232,7 @@ def page_in(
     Returns:
       ``(tensor, token)``; pass the token to the next call that must come after this one.
     """
-    register_targets()
+    _require_platform(PAGE_IN)
     crc = jnp.asarray(expected_crc if verify else 0).astype(jnp.uint32)
     out, token = jax.ffi.ffi_call(
         PAGE_IN,
@@ -227,7 +275,7 @@ def page_out(
       ``(crc, token)``: the crc32c (uint32) of the bytes written, and a token that is ready
       once the write is on its way to disk (with ``write_behind``: once it is in staging).
     """
-    register_targets()
+    _require_platform(PAGE_OUT)
     crc, token = jax.ffi.ffi_call(
         PAGE_OUT,
         (jax.ShapeDtypeStruct((), jnp.uint32), _TOKEN),
@@ -290,7 +338,7 @@ def page_prefetch(
     Returns:
       the ticket (int32 scalar) for :func:`page_take`.
     """
-    register_targets()
+    _require_platform(PAGE_PREFETCH)
     crc = jnp.asarray(expected_crc if verify else 0).astype(jnp.uint32)
     return jax.ffi.ffi_call(PAGE_PREFETCH, _TICKET, has_side_effect=True)(
         _file_id_operand(file_id),
@@ -316,7 +364,7 @@ def page_take(
     Returns:
       ``(tensor, token)``.
     """
-    register_targets()
+    _require_platform(PAGE_TAKE)
     ticket = jnp.asarray(ticket)
     if ticket.shape != () or ticket.dtype != jnp.int32:
         raise TypeError(f"ticket must be the int32 scalar page_prefetch returned, got "
@@ -336,7 +384,7 @@ def page_flush(table: str, token: jax.Array, *, fsync: bool = False) -> jax.Arra
     Returns:
       a token; a commit (or any reader outside this table) must depend on it.
     """
-    register_targets()
+    _require_platform(PAGE_FLUSH)
     return jax.ffi.ffi_call(PAGE_FLUSH, _TOKEN, has_side_effect=True)(
         token, table=str(table), fsync=bool(fsync)
     )

@@ -8,18 +8,26 @@ from ._checks import NotElementwiseError as NotElementwiseError
 from ._fused import FusedAdamW as FusedAdamW
 from ._fused import FusedAdamWState as FusedAdamWState
 from ._fused import fused_adamw as fused_adamw
+from ._orbax import PagedCheckpointHandler as PagedCheckpointHandler
+from ._orbax import PagedRestore as PagedRestore
+from ._orbax import PagedSave as PagedSave
 from ._paged import DEFAULT_CHUNK_BYTES as DEFAULT_CHUNK_BYTES
 from ._paged import PagedState as PagedState
 from ._paged import PagedTransformation as PagedTransformation
 from ._paged import paged as paged
 from ._paged import update_and_apply as update_and_apply
+from ._state import PagedTensors as PagedTensors
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "FusedAdamW",
     "FusedAdamWState",
     "NotElementwiseError",
+    "PagedCheckpointHandler",
+    "PagedRestore",
+    "PagedSave",
     "PagedState",
+    "PagedTensors",
     "PagedTransformation",
     "fused_adamw",
     "load_state",

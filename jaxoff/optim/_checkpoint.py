@@ -22,8 +22,15 @@ import numpy as np
 from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError
 from jaxoff.aio._layout import parse_dtype
 from jaxoff.aio._pageio import fsync_dir
-from jaxoff.optim._paged import PagedState, PagedTransformation, ram_from_bytes
+from jaxoff.optim._paged import (
+    PagedState,
+    PagedTransformation,
+    canonical,
+    ram_from_bytes,
+    stale_reason,
+)
 from jaxoff.optim._plan import RAM_ENTRY
+from jaxoff.optim._state import make_state
 
 FORMAT = "jaxoff.paged-checkpoint/1"
 MANIFEST = "paged.json"
@@ -42,11 +49,17 @@ def save_paged(tx: PagedTransformation, opt_state: PagedState, directory: str | 
     replaced. Chunks are verified against their checksums on the way.
     """
     store = _open(tx)
-    version = int(jax.device_get(opt_state.version))  # waits for the step's commit
-    if version != store.version:
-        raise PageStoreError(
-            f"save_paged: the optimizer state is version {version} but store {store.root} is at "
-            f"version {store.version}; save the state returned by the last step")
+    jax.block_until_ready(opt_state)  # waits for the step's commit
+    reason = stale_reason(store, jax.device_get(opt_state.version),
+                          [jax.device_get(c) for c in opt_state.crcs])
+    if reason is not None:
+        raise PageStoreError(f"save_paged: {reason}; save the state returned by the last step")
+    return copy_out(store, directory)
+
+
+def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
+    """Streams the committed version of ``store`` into ``directory`` (atomic); returns bytes."""
+    version = store.version
     directory = os.path.abspath(os.fspath(directory))
     tmp = directory + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -92,8 +105,23 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
       The `PagedState` of the restored version, to use instead of ``tx.init(params)``.
     """
     pager = _pager(tx)
-    plan = pager.plan(params)
+    plan = pager.plan(canonical(params))
     store = pager.open_store(plan, discard_torn=True)  # every chunk is rewritten below
+    crcs, _ = copy_in(store, plan, directory)
+    return _state(plan, store, store.version, crcs)
+
+
+def copy_in(store: PageStore, plan, directory: str | os.PathLike,
+            same_parity: bool = False) -> tuple[dict, int]:
+    """Writes what `copy_out` wrote into ``store`` as its next committed version.
+
+    ``same_parity``: for a two-slot store, make the new version's number have the parity of
+    the saved one (writing the chunks a second time if needed), so that the state saved with
+    the checkpoint, which reads slot ``version % 2``, reads the restored chunks.
+
+    Returns:
+      ``({entry: crcs}, the store version recorded in the checkpoint)``.
+    """
     directory = os.path.abspath(os.fspath(directory))
     path = os.path.join(directory, MANIFEST)
     try:
@@ -112,21 +140,26 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
     if diffs:
         raise PageStoreError(f"restore_paged: checkpoint {directory} holds another optimizer "
                              f"state than this model needs (differences: {diffs[:5]})")
-    crcs = {}
-    for name, e in store.entries.items():
-        info = saved[name]
-        with open(os.path.join(directory, info["file"]), "rb") as f:
-            for c in e.chunks:
-                f.seek(c.elem_start * e.dtype.itemsize)
-                raw = np.frombuffer(f.read(c.nbytes), np.uint8)
-                if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:
-                    raise PageStoreCorruptError(
-                        f"restore_paged: chunk {c.index} of {name!r} in {directory} is damaged "
-                        "(short or checksum mismatch); use an older checkpoint")
-                store.write_chunk(name, c.index, raw.view(e.dtype))
-        crcs[name] = info["crcs"]
-    version = store.commit(crcs)
-    return _state(plan, store, version, crcs)
+    rounds = 1
+    if (same_parity and store.layout.slots == 2
+            and (store.version + 1) % 2 != int(meta["store_version"]) % 2):
+        rounds = 2
+    for _ in range(rounds):
+        crcs = {}
+        for name, e in store.entries.items():
+            info = saved[name]
+            with open(os.path.join(directory, info["file"]), "rb") as f:
+                for c in e.chunks:
+                    f.seek(c.elem_start * e.dtype.itemsize)
+                    raw = np.frombuffer(f.read(c.nbytes), np.uint8)
+                    if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:
+                        raise PageStoreCorruptError(
+                            f"restore_paged: chunk {c.index} of {name!r} in {directory} is "
+                            "damaged (short or checksum mismatch); use an older checkpoint")
+                    store.write_chunk(name, c.index, raw.view(e.dtype))
+            crcs[name] = info["crcs"]
+        store.commit(crcs)
+    return crcs, int(meta["store_version"])
 
 
 def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
@@ -136,6 +169,7 @@ def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
     (``master.astype(param.dtype)``); the others are returned as given.
     """
     pager = _pager(tx)
+    params = canonical(params)
     plan = pager.plan(params)
     store = pager.open_store(plan)
     if store.version == 0:
@@ -154,9 +188,9 @@ def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
 
 def _state(plan, store: PageStore, version: int, crcs: dict) -> PagedState:
     ram = ram_from_bytes(plan, store.read(RAM_ENTRY))
-    return PagedState(jnp.asarray(version, jnp.int32),
-                      tuple(jnp.asarray(np.asarray(crcs[n], np.uint32)) for n in store.entries),
-                      tuple(jnp.asarray(x) for x in ram))
+    return make_state(plan, store.root, jnp.asarray(version, jnp.int32),
+                      [jnp.asarray(np.asarray(crcs[n], np.uint32)) for n in store.entries],
+                      [jnp.asarray(x) for x in ram])
 
 
 def _open(tx) -> PageStore:

@@ -58,12 +58,15 @@ def _closure_functions(fn: Any, depth: int = 0, seen: set | None = None):
         for a in (*fn.args, *fn.keywords.values()):
             yield from _closure_functions(a, depth + 1, seen)
         return
-    if isinstance(fn, optax.GradientTransformation | tuple | list):
-        for a in fn:
+    if isinstance(fn, optax.GradientTransformation | tuple | list | dict):
+        for a in (fn.values() if isinstance(fn, dict) else fn):  # dict: multi_transform
             yield from _closure_functions(a, depth + 1, seen)
         return
     if isinstance(fn, types.MethodType):
         yield from _closure_functions(fn.__func__, depth + 1, seen)
+        # e.g. optax.MultiSteps keeps the transformation it wraps as an attribute
+        for a in getattr(fn.__self__, "__dict__", {}).values():
+            yield from _closure_functions(a, depth + 1, seen)
         return
     if not isinstance(fn, types.FunctionType):
         return

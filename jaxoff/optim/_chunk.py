@@ -3,6 +3,9 @@
 The inner optax transformation is called with trees shaped like the user's parameters (so
 masks and per-leaf hyper-parameters keep working) in which leaf ``j`` is the chunk, reshaped to
 keep the leaf's rank, and every other leaf is an empty array: their arithmetic costs nothing.
+A per-parameter state subtree keeps its ``optax.MaskedNode`` leaves (``optax.masked``,
+``optax.multi_transform``): the chunk functions pass and return chunks only for the state
+tensors that leaf ``j`` has.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jaxoff.optim._plan import Plan
 
@@ -22,31 +26,37 @@ def _tree_with(plan: Plan, j: int, x: Any, dtypes) -> Any:
     # than in a plain optax update of a many-leaf tree, changing the last bit of the result.
     shape = (lambda leaf: leaf.empty_shape()) if j < 0 else (lambda leaf: leaf.one_shape())
     leaves = [
-        x if i == j else jnp.zeros(shape(leaf), dtypes[i])
+        optax.MaskedNode() if dtypes[i] is None else x if i == j
+        else jnp.zeros(shape(leaf), dtypes[i])
         for i, leaf in enumerate(plan.leaves)
     ]
     return jax.tree.unflatten(plan.params_def, leaves)
 
 
 def inner_state(plan: Plan, ram_inner, j: int, chunks) -> Any:
-    """The inner optimizer state whose per-parameter tensors are chunks of leaf ``j``."""
-    nodes = []
+    """The inner optimizer state whose per-parameter tensors are chunks of leaf ``j``.
+
+    ``chunks``: one per paged subtree that leaf ``j`` has (not masked out), in order.
+    """
+    nodes, it = [], iter(chunks if j >= 0 else ())
     for kind, k in plan.nodes:
         if kind == "ram":
             nodes.append(ram_inner[k])
         else:
-            nodes.append(_tree_with(plan, j, None if j < 0 else chunks[k], plan.node_dtypes[k]))
+            dts = plan.node_dtypes[k]
+            x = next(it) if j >= 0 and dts[j] is not None else None
+            nodes.append(_tree_with(plan, j, x, dts))
     return jax.tree.unflatten(plan.state_def, nodes)
 
 
 def split_state(plan: Plan, state: Any, j: int) -> tuple[list, list]:
     """``(RAM leaves, chunks of leaf j per paged subtree)`` of an inner state."""
     ram, chunks = [], []
-    for (kind, _), node in zip(plan.nodes, plan.state_def.flatten_up_to(state), strict=True):
+    for (kind, k), node in zip(plan.nodes, plan.state_def.flatten_up_to(state), strict=True):
         if kind == "ram":
             ram.append(node)
-        else:
-            chunks.append(plan.params_def.flatten_up_to(node)[j] if j >= 0 else None)
+        elif j >= 0 and plan.node_dtypes[k][j] is not None:
+            chunks.append(plan.params_def.flatten_up_to(node)[j])
     return ram, chunks
 
 

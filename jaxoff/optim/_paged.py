@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 import crc32c
 import jax
@@ -25,25 +26,9 @@ from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_gl
 from jaxoff.optim._pipeline import EntryIO, page_leaf
 from jaxoff.optim._plan import RAM_ENTRY, Plan, make_plan
 from jaxoff.optim._probe import probe_elementwise
+from jaxoff.optim._state import PagedState, make_state
 
 DEFAULT_CHUNK_BYTES = 16 << 20
-
-
-class PagedState(NamedTuple):
-    """The RAM part of a paged optimizer state; the rest is version ``version`` of the store.
-
-    Attributes:
-      version: the page store version this state describes (its reads come from that
-        version's slot); an operand, so a new version never recompiles the step.
-      crcs: per store entry (plan order, the ``ram`` entry last), the crc32c of each chunk of
-        that version: what the next reads verify.
-      ram: the leaves of the state kept in RAM: the state of global operations run before the
-        pipeline, then the inner optimizer's scalars (step counts, ...).
-    """
-
-    version: jax.Array
-    crcs: tuple[jax.Array, ...]
-    ram: tuple[jax.Array, ...]
 
 
 class PagedTransformation(optax.GradientTransformationExtraArgs):
@@ -145,13 +130,20 @@ def update_and_apply(tx: optax.GradientTransformation, grads: Any, opt_state: An
 
 
 def _is_concrete(tree) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+    """Whether ``tree`` holds values and no trace is being built (under ``jax.eval_shape`` of
+    a closure, concrete parameters still see a trace: a new array is then a tracer)."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree)):
+        return False
+    return not isinstance(jnp.zeros((), jnp.int32), jax.core.Tracer)
 
 
 class Pager:
     """Everything behind one `paged` transformation: plan, store, compiled tables."""
 
     def __init__(self, tx, store, *, chunk_bytes, master_dtype, engine, slots=2):
+        if (not isinstance(tx, optax.GradientTransformation)
+                and hasattr(tx, "gradient_transformation")):  # optax.MultiSteps
+            tx = tx.gradient_transformation()
         pre, inner = split_global_prefix(tx)
         refuse_known_offenders(inner)
         self.pre = None if pre is None else optax.with_extra_args_support(pre)
@@ -239,13 +231,15 @@ class Pager:
     # ------------------------------------------------------------------ init
 
     def init(self, params) -> PagedState:
+        _refuse_placeholder(params)
+        params = canonical(params)
         plan = self.plan(params)
         pre_state = [] if self.pre is None else jax.tree.leaves(self.pre.init(params))
         if not _is_concrete(params):  # under eval_shape/jit: shapes only, disk untouched
             ram = tuple(pre_state) + tuple(_chunk.ram_init(plan, self.inner, self.master_dtype))
             crcs = tuple(jnp.zeros((self._num_chunks(plan, e),), jnp.uint32)
                          for e in [*plan.store_entries()])
-            return PagedState(jnp.zeros((), jnp.int32), crcs, ram)
+            return make_state(plan, self.root, jnp.zeros((), jnp.int32), crcs, ram)
         store = self.open_store(plan, discard_torn=True)  # init rewrites every chunk
         with jax.ensure_compile_time_eval():
             ram = [np.asarray(x) for x in pre_state]
@@ -271,11 +265,9 @@ class Pager:
                     crcs[e.name].append(_write_chunk(store, e.name, c, x.astype(e.storage)))
         crcs[RAM_ENTRY] = [_write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
         version = store.commit(crcs)
-        return PagedState(
-            jnp.asarray(version, jnp.int32),
-            tuple(jnp.asarray(np.asarray(v, np.uint32)) for v in crcs.values()),
-            tuple(jnp.asarray(x) for x in ram),
-        )
+        return make_state(plan, self.root, jnp.asarray(version, jnp.int32),
+                          [jnp.asarray(np.asarray(v, np.uint32)) for v in crcs.values()],
+                          [jnp.asarray(x) for x in ram])
 
     def _num_chunks(self, plan: Plan, name: str) -> int:
         if name == RAM_ENTRY:
@@ -297,10 +289,16 @@ class Pager:
         if params is None:
             raise ValueError("jaxoff.paged needs the parameters: call tx.update(grads, state, "
                              "params)")
+        params, grads = canonical(params), canonical(grads)
         plan = self.plan(params)
         self.open_store(plan)
         ios = self._ios
         ram = list(state.ram)
+        if len(ram) != len(plan.ram_avals) or len(state.crcs) != len(ios):
+            raise ValueError(
+                "jaxoff.paged: this optimizer state does not belong to these parameters (it "
+                f"holds {len(ram)} RAM leaves and {len(state.crcs)} store entries, the plan "
+                f"{len(plan.ram_avals)} and {len(ios)}); make it with tx.init(params)")
         pre_ram, inner_ram = ram[: plan.num_pre], ram[plan.num_pre :]
         if self.pre is not None:
             pre_state = jax.tree.unflatten(plan.pre_def, pre_ram)
@@ -313,7 +311,10 @@ class Pager:
         outs, new_crcs, tokens = [], [None] * len(ios), []
         # One token runs through all leaves: leaf k+1's first read waits for leaf k's last
         # write, so XLA cannot schedule every leaf's prologue at once (bounded buffers).
-        tok = new_token()
+        # The first read waits for the check that the state describes the store's committed
+        # version: a stale state (e.g. restored without its pages) is refused with its cause.
+        tok = new_token() + io_callback(self._check, jax.ShapeDtypeStruct((), jnp.int32),
+                                        state.version, tuple(state.crcs), ordered=False)
         split = self.engine.pool_bytes >= self.split_phase_bytes(plan)
         for leaf, g, p in zip(plan.leaves, g_leaves, p_leaves, strict=True):
             compute = functools.partial(self._compute, plan, leaf, g.reshape(-1), p.reshape(-1),
@@ -345,9 +346,9 @@ class Pager:
         # cannot lower next to outputs placed in host memory.)
         tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
         version = io_callback(self._commit, jax.ShapeDtypeStruct((), jnp.int32), state.version,
-                              tuple(new_crcs), tuple(tokens), ordered=False)
+                              tuple(state.crcs), tuple(new_crcs), tuple(tokens), ordered=False)
         out_tree = jax.tree.unflatten(plan.params_def, outs)
-        return out_tree, PagedState(version, tuple(new_crcs), new_ram)
+        return out_tree, make_state(plan, self.root, version, new_crcs, new_ram)
 
     def _compute(self, plan, leaf, g_flat, p_flat, inner_ram, extra, apply, i, n, chunks):
         start = i * leaf.chunk_elems
@@ -371,20 +372,78 @@ class Pager:
         out = new_param if apply else exact_delta(new_param, p_ram)
         return out, [w.astype(e.storage) for e, w in zip(entries, writes, strict=True)]
 
-    def _commit(self, version, crcs, tokens):
-        del tokens  # only a dependency: every write of the step has completed
-        store, version = self.store, int(version)
+    def _check(self, version, crcs):
+        store = self.store
         if store is None or store.closed:
             raise PageStoreError(f"page store {self.root} was closed during the update")
-        if version != store.version:
-            raise PageStoreError(
-                f"the optimizer state describes version {version} of page store {self.root}, "
-                f"but the store is at version {store.version}: the state is stale (restore the "
-                "matching checkpoint with jaxoff.optim.restore_paged, or re-init)")
+        reason = stale_reason(store, version, crcs)
+        if reason is not None:
+            raise PageStoreError(reason)
+        return np.zeros((), np.int32)
+
+    def _commit(self, version, old_crcs, crcs, tokens):
+        del tokens  # only a dependency: every write of the step has completed
+        self._check(version, old_crcs)  # no other step committed since this one started
+        store = self.store
         names = list(store.entries)
         new = store.commit({n: np.asarray(c, np.uint32).reshape(-1)
                             for n, c in zip(names, crcs, strict=True)})
         return np.asarray(new, np.int32)
+
+
+def stale_reason(store: PageStore, version, crcs) -> str | None:
+    """Why a state (``version``, per-entry ``crcs``) cannot be read from ``store``, or None.
+
+    A state is current when its chunk checksums are those of the store's committed version
+    and its version reads the slot that holds it. The numbers need not be equal: a
+    checkpoint restored into a store (`restore_paged`, `PagedRestore`) becomes a later
+    version of that store with the same contents.
+    """
+    version = int(np.asarray(version))
+    names = list(store.entries)
+    if len(crcs) != len(names):
+        return (f"the optimizer state has {len(crcs)} store entries, page store {store.root} "
+                f"{len(names)}: the state belongs to another model or optimizer")
+    differ = [n for n, c in zip(names, crcs, strict=True)
+              if [int(x) for x in np.asarray(c).reshape(-1)] != store.crcs(n)]
+    parity = store.layout.slots == 1 or version % 2 == store.version % 2
+    if not differ and parity:
+        return None
+    return (
+        f"the optimizer state describes version {version} of page store {store.root}, but the "
+        f"store holds version {store.version} and its contents differ "
+        f"({len(differ)} of {len(names)} entries, e.g. {(differ or names)[0]!r}): the state is "
+        "stale. It was probably saved or restored without its page store contents (e.g. by "
+        "orbax StandardSave/StandardRestore alone) after the store moved on. Checkpoint a "
+        "paged state with jaxoff.optim.PagedSave / PagedRestore (orbax CheckpointManager) or "
+        "jaxoff.optim.save_paged / restore_paged, or start again from tx.init(params)")
+
+
+def canonical(tree):
+    """``tree`` with Flax ``nnx.Variable`` wrappers replaced by their values.
+
+    ``nnx.Optimizer`` calls ``init`` on ``nnx.state(model, wrt)`` (leaves wrapped in
+    Variables, whose value adds a level to every path) and ``update`` on the pure arrays;
+    both must plan the same store entries.
+    """
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None:
+        return tree
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    if not any(is_var(x) for x in jax.tree.leaves(tree, is_leaf=is_var)):
+        return tree
+    return jax.tree.map(lambda x: x.get_value() if is_var(x) else x, tree, is_leaf=is_var)
+
+
+def _refuse_placeholder(params) -> None:
+    is_placeholder = lambda x: type(x).__name__ == "_ParamsPlaceholder"  # noqa: E731
+    if any(map(is_placeholder, jax.tree.leaves(params, is_leaf=is_placeholder))):
+        raise TypeError(
+            "optax.tree_map_params cannot map over a jaxoff.paged state: its per-parameter "
+            "tensors (moments, master weights) are not in the state but in the page store "
+            "(the state holds PagedTensors nodes naming its entries), so there is nothing "
+            "parameter-shaped to map. Map the RAM leaves with jax.tree.map, read the paged "
+            "tensors with tx.store.read(name), or shard with the store per process")
 
 
 def _one_trip(fn, carry, *args, **kwargs):

@@ -22,7 +22,6 @@ from jaxoff.optim._checks import NotElementwiseError
 
 RAM_ENTRY = "ram"
 STORAGE_ITEMSIZE = 4  # every paged entry is stored with 4-byte elements: chunks line up
-_MAX_RAM_LEAF = 4096  # elements; a larger non-per-parameter state leaf is not element-wise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +84,9 @@ class Plan:
     entries: tuple[EntryPlan, ...]
     state_def: Any  # treedef of the inner state's nodes (per-parameter subtrees or RAM leaves)
     nodes: tuple[tuple[str, int], ...]  # per node: ("paged", subtree index) | ("ram", index)
-    node_dtypes: tuple[tuple[np.dtype, ...], ...]  # per paged subtree: dtype per leaf
+    # per paged subtree: dtype per parameter leaf, None where the subtree holds an
+    # ``optax.MaskedNode`` (masked, multi_transform: that leaf has no such state)
+    node_dtypes: tuple[tuple[np.dtype | None, ...], ...]
     pre_def: Any  # treedef of the state of the global ops run before the pipeline
     ram_avals: tuple[jax.ShapeDtypeStruct, ...]  # pre-state leaves, then inner RAM leaves
     num_pre: int
@@ -111,11 +112,29 @@ def path_name(path) -> str:
 
 
 def param_tree_matcher(params_def, params_leaves):
-    """``is_leaf`` for state trees: true on subtrees shaped like the parameters."""
+    """``is_leaf`` for state trees: true on subtrees shaped like the parameters.
+
+    Such a subtree may hold ``optax.MaskedNode()`` in place of some leaves (the state of
+    ``optax.masked`` and of each group of ``optax.multi_transform``).
+    """
+    shapes = [tuple(np.shape(x)) for x in params_leaves]
     if params_def.num_nodes == 1:  # parameters are a bare array: match arrays of its shape
-        shape = np.shape(params_leaves[0])
-        return lambda x: hasattr(x, "shape") and tuple(x.shape) == tuple(shape) and len(shape) > 0
-    return lambda x: x is not None and jax.tree.structure(x) == params_def
+        return lambda x: hasattr(x, "shape") and tuple(x.shape) == shapes[0] and len(shapes[0]) > 0
+
+    def match(x) -> bool:
+        if x is None or isinstance(x, optax.MaskedNode) or hasattr(x, "shape"):
+            return False
+        try:
+            items = params_def.flatten_up_to(x)
+        except (ValueError, TypeError):
+            return False
+        present = [i for i in items if not isinstance(i, optax.MaskedNode)]
+        return bool(present) and all(
+            isinstance(i, optax.MaskedNode)
+            or (hasattr(i, "shape") and hasattr(i, "dtype") and tuple(i.shape) == s)
+            for i, s in zip(items, shapes, strict=True))
+
+    return match
 
 
 def storage_dtype(dtype: np.dtype, what: str) -> np.dtype:
@@ -131,8 +150,12 @@ def storage_dtype(dtype: np.dtype, what: str) -> np.dtype:
 
 
 def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTransformation,
-              params: Any, chunk_bytes: int, master_dtype: Any) -> Plan:
-    """Plans the store entries for ``params`` (arrays or ShapeDtypeStructs)."""
+              params: Any, chunk_bytes: int, master_dtype: Any, *, check_ram: bool = True) -> Plan:
+    """Plans the store entries for ``params`` (arrays or ShapeDtypeStructs).
+
+    ``check_ram``: refuse a RAM state larger than one chunk (the store's ``ram`` entry is
+    written as one chunk); the element-wise probe plans tiny chunks and skips it.
+    """
     master_dtype = np.dtype(master_dtype)
     path_leaves, params_def = jax.tree_util.tree_flatten_with_path(params)
     leaves_abs = [jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype)) for _, x in path_leaves]
@@ -149,27 +172,24 @@ def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTra
     state_abs = jax.eval_shape(inner.init, master_abs)
     matcher = param_tree_matcher(params_def, leaves_abs)
     node_paths, state_def = jax.tree_util.tree_flatten_with_path(state_abs, is_leaf=matcher)
-    nodes, node_dtypes, node_names, ram_avals = [], [], [], []
+    nodes, node_dtypes, node_names, ram_avals, ram_paths = [], [], [], [], []
     for path, node in node_paths:
         if matcher(node):
-            sub = jax.tree.leaves(node)
+            sub = params_def.flatten_up_to(node) if params_def.num_nodes > 1 else [node]
             for s, a, name in zip(sub, leaves_abs, names, strict=True):
-                if tuple(s.shape) != tuple(a.shape):
+                if not isinstance(s, optax.MaskedNode) and tuple(s.shape) != tuple(a.shape):
                     raise NotElementwiseError(
                         f"jaxoff.paged cannot page this optimizer: its state {path_name(path)} "
                         f"holds a tensor of shape {tuple(s.shape)} for parameter {name!r} of shape "
                         f"{tuple(a.shape)}, so it is not element-wise")
             nodes.append(("paged", len(node_dtypes)))
-            node_dtypes.append(tuple(np.dtype(s.dtype) for s in sub))
+            node_dtypes.append(tuple(None if isinstance(s, optax.MaskedNode) else np.dtype(s.dtype)
+                                     for s in sub))
             node_names.append(path_name(path))
         else:
-            if math.prod(node.shape) > _MAX_RAM_LEAF:
-                raise NotElementwiseError(
-                    f"jaxoff.paged cannot page this optimizer: its state {path_name(path)} of "
-                    f"shape {tuple(node.shape)} is neither a per-parameter tensor nor a small "
-                    "scalar, so the optimizer is not element-wise")
             nodes.append(("ram", len(ram_avals)))
             ram_avals.append(jax.ShapeDtypeStruct(node.shape, node.dtype))
+            ram_paths.append(path_name(path))
     pre_avals, pre_def = [], jax.tree.structure(None)
     if pre is not None:
         pre_state = jax.eval_shape(pre.init, jax.tree.unflatten(params_def, leaves_abs))
@@ -183,6 +203,8 @@ def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTra
             mine.append(len(entries))
             entries.append(EntryPlan(f"master.{name}", i, -1, master_dtype, master_dtype))
         for k, (nname, dts) in enumerate(zip(node_names, node_dtypes, strict=True)):
+            if dts[i] is None:  # masked out for this parameter: no such state
+                continue
             mine.append(len(entries))
             st = storage_dtype(dts[i], f"optimizer state {nname} of {name!r}")
             entries.append(EntryPlan(f"opt.{nname}.{name}", i, k, dts[i], st))
@@ -193,7 +215,14 @@ def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTra
                                       "jaxoff.paged supports at most 2**31 per leaf")
     plan = Plan(params_def, tuple(leaves), tuple(entries), state_def, tuple(nodes),
                 tuple(node_dtypes), pre_def, tuple(pre_avals) + tuple(ram_avals), len(pre_avals))
-    if plan.ram_nbytes > chunk_bytes:
-        raise NotElementwiseError(f"the optimizer's RAM state ({plan.ram_nbytes} bytes) does not "
-                                  f"fit one chunk of {chunk_bytes} bytes")
+    if check_ram and plan.ram_nbytes > chunk_bytes:
+        big = sorted(zip(ram_avals, ram_paths, strict=True),
+                     key=lambda t: -math.prod(t[0].shape) * _byte_width(t[0].dtype))[:3]
+        shown = ", ".join(f"{p} {tuple(a.shape)} {np.dtype(a.dtype)}" for a, p in big)
+        raise NotElementwiseError(
+            f"jaxoff.paged: the optimizer state that is not shaped like the parameters (kept in "
+            f"RAM and written to the store as one chunk at every step) takes {plan.ram_nbytes} "
+            f"bytes, more than one chunk of {chunk_bytes} bytes (largest: {shown}); pass a "
+            "larger chunk_bytes, or, if these are per-parameter tensors in a container that "
+            "is not shaped like the parameters, the optimizer is not element-wise")
     return plan

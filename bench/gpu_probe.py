@@ -1,0 +1,159 @@
+"""One GPU measurement in a process of its own (driven by bench/gpu.py and tests/test_gpu.py).
+
+Trains a GPT (GPT-2 shapes, 256-byte vocabulary, random tokens) for ``--steps`` steps under
+one placement, remat policy and optimizer, then prints one JSON line: the device's
+``memory_stats()`` (``peak_bytes_in_use`` is this process's peak, which is why each probe has
+a process of its own), the compiled step's ``memory_analysis()``, step times, tokens/s,
+losses, and parameter / per-layer bytes.
+
+    python bench/gpu_probe.py --placement host_params_stream1 --layers 8 --d-model 1024
+    python bench/gpu_probe.py --optimizer paged --placement host_params --store-dir /nvme/x
+
+It refuses to run without a GPU (``no GPU: ...``, exit 3): its figures mean nothing on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # peak = what the step used
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ from a source tree
+
+NO_GPU_EXIT = 3
+
+
+def gpu_devices():
+    """The GPU devices JAX sees, or exits with ``no GPU: <why>``."""
+    import jax
+
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError as e:
+        devices, why = [], str(e).splitlines()[0]
+    else:
+        why = "jax.devices('gpu') is empty"
+    if not devices:
+        print(f"no GPU: {why} (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}, "
+              f"backend {jax.default_backend()})", file=sys.stderr)
+        sys.exit(NO_GPU_EXIT)
+    return devices
+
+
+def model_config(layers: int, d_model: int, seq_len: int, policy: str | None, dtype: str):
+    from models.gpt import GPTConfig
+
+    return GPTConfig(layers, d_model, max(1, d_model // 128), 4 * d_model, max_seq_len=seq_len,
+                     dtype=dtype, param_dtype=dtype, policy=policy)
+
+
+def memory_analysis(compiled) -> dict:
+    m = compiled.memory_analysis()
+    if m is None:
+        return {}
+    return {k: int(getattr(m, k)) for k in dir(m)
+            if k.endswith("_in_bytes") and isinstance(getattr(m, k), int)}
+
+
+def run(a: argparse.Namespace) -> dict:
+    import jax
+    import numpy as np
+    import optax
+
+    from jaxoff.optim import paged
+    from jaxoff.placement import get_placement, jit_step, streamed_model, with_paged_optimizer
+    from jaxoff.train._step import init_state, make_train_step
+
+    dev = gpu_devices()[0]
+    policy = None if a.policy == "none" else a.policy
+    cfg = model_config(a.layers, a.d_model, a.seq_len, policy, a.dtype)
+    tx = optax.adamw(a.lr, b1=0.9, b2=0.95, weight_decay=0.1)
+    placement = get_placement(a.placement)
+    store = None
+    if a.optimizer == "paged":
+        store = a.store_dir or tempfile.mkdtemp(prefix="jaxoff-gpu-probe-")
+        tx = paged(tx, Path(store) / "opt", chunk_bytes=a.chunk_mib << 20)
+        placement = with_paged_optimizer(placement)
+    rec: dict = {"placement": a.placement, "policy": a.policy, "optimizer": a.optimizer,
+                 "layers": a.layers, "d_model": a.d_model, "seq_len": a.seq_len,
+                 "batch_size": a.batch_size, "dtype": a.dtype, "device": dev.device_kind,
+                 "platform": dev.platform, "jax": jax.__version__}
+    t0 = time.perf_counter()
+    graphdef, state = init_state(streamed_model(cfg, placement, None), tx, 0)
+    step, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, None)
+    state = jax.device_put(state, shardings)
+    n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
+    itemsize = np.dtype(a.dtype).itemsize
+    rec["params"] = n_params
+    rec["param_bytes"] = n_params * itemsize
+    rec["layer_param_bytes"] = (12 * a.d_model * a.d_model + 13 * a.d_model) * itemsize
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, (a.steps, a.batch_size, a.seq_len + 1), dtype=np.int32)
+    compiled = step.lower(state, tokens[0, :, :-1], tokens[0, :, 1:]).compile()
+    rec["compile_s"] = round(time.perf_counter() - t0, 3)
+    rec["memory_analysis"] = memory_analysis(compiled)
+    losses, times = [], []
+    for i in range(a.steps):
+        t = time.perf_counter()
+        state, metrics = compiled(state, tokens[i, :, :-1], tokens[i, :, 1:])
+        losses.append(float(metrics["loss"]))  # blocks: the step's time includes its work
+        times.append(time.perf_counter() - t)
+    stats = dev.memory_stats() or {}
+    rec["memory_stats"] = {k: int(v) for k, v in stats.items() if isinstance(v, int)}
+    rec["peak_bytes_in_use"] = rec["memory_stats"].get("peak_bytes_in_use")
+    rec["losses"] = losses
+    rec["step_s"] = [round(t, 5) for t in times]
+    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
+    rec["step_s_median"] = round(steady, 5)
+    rec["tokens_per_s"] = round(a.batch_size * a.seq_len / steady, 1)
+    # 6 N per token (forward + backward) + attention 12 L T d; remat recompute not counted.
+    flops = 6 * n_params + 12 * a.layers * a.seq_len * a.d_model
+    rec["model_flops_per_s"] = flops * a.batch_size * a.seq_len / steady
+    rec["finite"] = bool(np.all(np.isfinite(losses)))
+    rec["loss_falling"] = len(losses) >= 2 and losses[-1] < losses[0]
+    if store is not None and a.store_dir is None:
+        import shutil
+
+        tx.close()
+        shutil.rmtree(store, ignore_errors=True)
+    return rec
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--placement", default="device")
+    p.add_argument("--policy", default="full", help="remat preset (jaxoff.policy.PRESETS)")
+    p.add_argument("--optimizer", choices=("adamw", "paged"), default="adamw")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--chunk-mib", type=int, default=64)
+    p.add_argument("--store-dir", default=None)
+    p.add_argument("--out", default=None, help="also write the JSON record here")
+    a = p.parse_args(argv)
+    try:
+        rec = run(a)
+        rec["ok"] = rec["finite"]
+    except SystemExit:
+        raise
+    except Exception as e:  # an OOM is a result (capacity), not a crash of the driver
+        rec = {**{k: v for k, v in vars(a).items() if k != "out"}, "ok": False,
+               "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500],
+               "oom": "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()}
+    line = json.dumps(rec)
+    if a.out:
+        Path(a.out).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
