@@ -63,7 +63,6 @@ _PHASE = ["start"]  # what the child is doing, for the watchdog's verdict
 def model_config(num_layers: int, d_model: int, seq_len: int, mode: str):
     """GPT-2-shaped config of ``num_layers`` blocks of width ``d_model`` for ``mode``."""
     from jaxoff.models.gpt import GPTConfig
-
     from jaxoff.nn import Stack
 
     bf16 = mode in ("paged", "fuyou", "plain-bf16")

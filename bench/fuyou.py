@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jaxoff.models.gpt import CONFIGS
 
+from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import paged
 from jaxoff.strategies._fuyou import fuyou_init, make_fuyou_step

@@ -46,10 +46,12 @@ def gpu_devices():
 
 
 def model_config(layers: int, d_model: int, seq_len: int, policy: str | None, dtype: str):
-    from models.gpt import GPTConfig
+    from jaxoff.models.gpt import GPTConfig
+    from jaxoff.nn import Stack
+    from jaxoff.policy import resolve_policy
 
     return GPTConfig(layers, d_model, max(1, d_model // 128), 4 * d_model, max_seq_len=seq_len,
-                     dtype=dtype, param_dtype=dtype, policy=policy)
+                     dtype=dtype, param_dtype=dtype, stack=Stack(policy=resolve_policy(policy)))
 
 
 def memory_analysis(compiled) -> dict:

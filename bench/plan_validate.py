@@ -20,7 +20,6 @@ import random
 import time
 
 from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
-
 from jaxoff.plan import Plan, evaluate, profile, solve
 from jaxoff.plan._config import COMPARED_PRESETS, preset_plan
 from jaxoff.plan._hardware import calibrate

@@ -10,8 +10,8 @@ shows what the step exported for cuda looks like.
 import jax
 import numpy as np
 import optax
-from jaxoff.models.gpt import CONFIGS
 
+from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.placement import check_export, get_placement, jit_step, streamed_model
 from jaxoff.train import init_state, make_train_step

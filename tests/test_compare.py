@@ -8,7 +8,6 @@ import json
 
 import jax
 import jax.numpy as jnp
-from jaxoff.models.gpt import CONFIGS
 
 from jaxoff.cli import main
 from jaxoff.compare._measure import (
@@ -19,6 +18,7 @@ from jaxoff.compare._measure import (
     optimizer,
     step_flops,
 )
+from jaxoff.models.gpt import CONFIGS
 from jaxoff.train._step import abstract_state, make_train_step
 
 B, T = 2, 16

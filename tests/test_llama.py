@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+
 from jaxoff.models.llama import (
     CONFIGS,
     RESIDUAL_NAMES,
@@ -17,7 +18,6 @@ from jaxoff.models.llama import (
     rotary,
     swiglu_width,
 )
-
 from jaxoff.nn import Stack, check_model, count_params, load_model, with_stack
 
 TINY = CONFIGS["llama-tiny"]  # 5 layers, 4 query heads over 2 key/value heads

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jaxoff.models.gpt import CONFIGS, GPT, RESIDUAL_NAMES, VOCAB_SIZE, GPTConfig
 
+from jaxoff.models.gpt import CONFIGS, GPT, RESIDUAL_NAMES, VOCAB_SIZE, GPTConfig
 from jaxoff.nn import with_stack
 
 TINY = CONFIGS["tiny"]

@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import optax
 import pytest
-from jaxoff.models.gpt import CONFIGS
 
 from jaxoff import ConfigError, TrainConfig
+from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import Stack, with_stack
 from jaxoff.optim import paged
 from jaxoff.placement import (

@@ -8,8 +8,8 @@ import json
 import random
 
 import pytest
-from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES, GPTConfig
 
+from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES, GPTConfig
 from jaxoff.plan import (
     InfeasibleError,
     Plan,

@@ -6,9 +6,9 @@ import dataclasses
 
 import jax
 import pytest
-from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
 
 from jaxoff._errors import ConfigError
+from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
 from jaxoff.policy import (
     PRESETS,
     Action,

@@ -7,7 +7,6 @@ import collections
 import jax
 import jax.numpy as jnp
 import pytest
-from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
 
 from jaxoff.compare._export import (
     check_export,
@@ -17,6 +16,7 @@ from jaxoff.compare._export import (
     probe_name,
 )
 from jaxoff.compare._measure import model_config, optimizer
+from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
 from jaxoff.policy import PRESETS, get_policy
 from jaxoff.train._step import abstract_state, make_train_step
 

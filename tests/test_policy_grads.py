@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jaxoff.models.gpt import CONFIGS
 
+from jaxoff.models.gpt import CONFIGS
 from jaxoff.policy import PRESETS, apply_policy
 from jaxoff.train._step import init_state, make_loss_fn
 

@@ -13,9 +13,9 @@ import optax
 import pytest
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
-from jaxoff.models.gpt import RESIDUAL_NAMES as GPT_NAMES
 
 from jaxoff._errors import ConfigError
+from jaxoff.models.gpt import RESIDUAL_NAMES as GPT_NAMES
 from jaxoff.nn import Stack, run_stack, stacked
 from jaxoff.policy import (
     PRESETS,

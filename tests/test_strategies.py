@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jaxoff.models.gpt import CONFIGS
 
 from jaxoff import ConfigError
 from jaxoff.cli import main
 from jaxoff.compare._strategies import export_check, offloaded_activation_bytes
+from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import load_model, with_stack
 from jaxoff.strategies import (
     STRATEGIES,
