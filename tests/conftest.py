@@ -5,7 +5,14 @@ with float32 (flax 0.12.8), so bfloat16 models cannot run under it.
 """
 
 import os
+import sys
 
+# tests.byom_model (a model outside models/) is imported as a user's package would be: from
+# the repository root, in xdist workers and child processes too
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
