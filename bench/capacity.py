@@ -242,8 +242,8 @@ def run_probe(mode: str, num_layers: int, d_model: int, seq_len: int, batch_size
 
     elif mode == "fuyou":
         from jaxoff.optim import paged
+        from jaxoff.step import TrainState
         from jaxoff.strategies._fuyou import blocks_to_bits, fuyou_init, make_fuyou_step
-        from jaxoff.train._step import TrainState
 
         tx = paged(optax.adamw(lr), store_dir, slots=slots)
         opt = fuyou_init(cfg, tx, params)

@@ -19,8 +19,8 @@ from flax import nnx
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import paged
+from jaxoff.step import TrainState, make_train_step
 from jaxoff.strategies._fuyou import fuyou_init, make_fuyou_step
-from jaxoff.train._step import TrainState, make_train_step
 
 
 def timed(step, state, inputs, targets, reps):

@@ -69,7 +69,7 @@ def run(a: argparse.Namespace) -> dict:
 
     from jaxoff.optim import paged
     from jaxoff.placement import get_placement, jit_step, streamed_model, with_paged_optimizer
-    from jaxoff.train._step import init_state, make_train_step
+    from jaxoff.step import init_state, make_train_step
 
     dev = gpu_devices()[0]
     policy = None if a.policy == "none" else a.policy

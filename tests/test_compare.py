@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 
 import jax
@@ -19,7 +18,8 @@ from jaxoff.compare._measure import (
     step_flops,
 )
 from jaxoff.models.gpt import CONFIGS
-from jaxoff.train._step import abstract_state, make_train_step
+from jaxoff.nn import with_stack
+from jaxoff.step import abstract_state, make_train_step
 
 B, T = 2, 16
 
@@ -101,7 +101,7 @@ def test_flops_correction_matches_unrolled_count():
     count of the fully unrolled step, where every layer is in straight-line code."""
     for spec in ("none", "full"):
         cfg = model_config("tiny", spec)
-        unrolled = dataclasses.replace(cfg, scan_unroll=cfg.num_layers)
+        unrolled = with_stack(cfg, scan_unroll=cfg.num_layers)
         exact = _flops(compile_step(unrolled, B, T)[0])
         once = _flops(compile_step(cfg, B, T)[0])
         corrected = step_flops(cfg, B, T)

@@ -13,6 +13,7 @@ from flax import nnx
 from jaxoff._errors import ConfigError
 from jaxoff.nn import load_model, with_stack
 from jaxoff.optim import paged
+from jaxoff.step import TrainState, make_train_step
 from jaxoff.strategies._fuyou import (
     _layout,
     blocks_from_bits,
@@ -20,7 +21,6 @@ from jaxoff.strategies._fuyou import (
     fuyou_init,
     make_fuyou_step,
 )
-from jaxoff.train._step import TrainState, make_train_step
 
 LR = optax.warmup_cosine_decay_schedule(0.0, 3e-2, 3, 30, end_value=3e-3)
 CHUNK = 1 << 14

@@ -14,7 +14,6 @@ from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import Stack, with_stack
 from jaxoff.optim import paged
 from jaxoff.placement import (
-    check_export,
     check_placement,
     get_placement,
     jit_step,
@@ -22,7 +21,7 @@ from jaxoff.placement import (
     streamed_model,
     with_paged_optimizer,
 )
-from jaxoff.train._step import init_state, make_train_step
+from jaxoff.step import check_placement_export, init_state, make_train_step
 
 STEPS = 10
 B, T = 4, 16
@@ -124,11 +123,11 @@ def test_streaming_window_larger_than_model(reference):
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
 def test_export_shows_host_state_and_in_loop_transfers(platform):
     tx = adamw()
-    dev, problems = check_export(CFG, "device", tx, B, T, platform)
+    dev, problems = check_placement_export(CFG, "device", tx, B, T, platform)
     assert problems == [] and set(dev.arg_kinds) == {"device"}
     assert dev.placements_in_loops == {} and dev.host_compute_ops == 0
 
-    opt, problems = check_export(CFG, "host_opt", tx, B, T, platform)
+    opt, problems = check_placement_export(CFG, "host_opt", tx, B, T, platform)
     assert problems == []
     n_params = len(jax.tree.leaves(init_state(CFG, tx, 0)[1].params))
     # mu and nu of every parameter (and the count) live in host memory
@@ -136,12 +135,12 @@ def test_export_shows_host_state_and_in_loop_transfers(platform):
     assert opt.host_compute_ops > 0  # the update runs under compute_on("device_host")
     assert opt.placements_in_loops == {}
 
-    whole, problems = check_export(CFG, "host_params", tx, B, T, platform)
+    whole, problems = check_placement_export(CFG, "host_params", tx, B, T, platform)
     assert problems == [] and whole.placements_in_loops == {}
 
     n_block = n_params - 5  # embed, pos_embed, final_norm (2), head are not stacked
     for window in (1, 2):
-        r, problems = check_export(CFG, f"host_params_stream{window}", tx, B, T, platform)
+        r, problems = check_placement_export(CFG, f"host_params_stream{window}", tx, B, T, platform)
         assert problems == []
         assert r.arg_kinds["pinned_host"] >= 3 * n_params
         # every stacked leaf is copied to the device inside a layer loop (forward and

@@ -18,7 +18,7 @@ from jaxoff.compare._export import (
 from jaxoff.compare._measure import model_config, optimizer
 from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
 from jaxoff.policy import PRESETS, get_policy
-from jaxoff.train._step import abstract_state, make_train_step
+from jaxoff.step import abstract_state, make_train_step
 
 B, T = 2, 16
 NOT_RESIDUALS = {"mlp_down"}  # only added to the residual stream: backward never reads it

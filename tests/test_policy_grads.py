@@ -12,7 +12,7 @@ import pytest
 
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.policy import PRESETS, apply_policy
-from jaxoff.train._step import init_state, make_loss_fn
+from jaxoff.step import init_state, make_loss_fn
 
 B, T = 4, 64  # attention scores [B, H, T, T] big enough to matter in temp memory
 

@@ -29,6 +29,7 @@ from jaxoff.cli import main
 from jaxoff.compare._strategies import export_check, offloaded_activation_bytes
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import load_model, with_stack
+from jaxoff.step import init_state, make_loss_fn
 from jaxoff.strategies import (
     STRATEGIES,
     Context,
@@ -39,7 +40,6 @@ from jaxoff.strategies import (
     register,
     strategy_overrides,
 )
-from jaxoff.train._step import init_state, make_loss_fn
 
 STEPS = 10
 B, T = 4, 32

@@ -58,7 +58,7 @@ def host_shapes(mlir_text: str) -> list[str]:
 def probe_name(model: str, batch: int, seq: int, name: str, platform: str) -> tuple[str, ...]:
     """Host placements produced by offloading ``name`` alone (JAX's own policy)."""
     from ..nn import Stack, load_model
-    from ..train._step import abstract_state, make_loss_fn
+    from ..step import abstract_state, make_loss_fn
     from ._measure import optimizer
 
     policy = jax.checkpoint_policies.save_and_offload_only_these_names(
@@ -83,7 +83,7 @@ def check_export(
     names found on host, the residual-free names, and ``ok``.
     """
     from ..policy import JAX_POLICIES, get_policy
-    from ..train._step import abstract_state, make_train_step
+    from ..step import abstract_state, make_train_step
     from ._measure import model_config, optimizer
 
     cfg = model_config(model, spec)

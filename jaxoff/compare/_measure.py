@@ -17,9 +17,11 @@ import time
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from .._errors import JaxoffError
+from ..step import compile_step as compile_step
+from ..step import optimizer as optimizer
+from ..step import tokens as _tokens  # noqa: F401
 
 
 def model_config(model: str, spec: str):
@@ -29,29 +31,6 @@ def model_config(model: str, spec: str):
     from ..policy import apply_policy
 
     return apply_policy(load_model(model), spec)
-
-
-def optimizer() -> optax.GradientTransformation:
-    """The optimizer of every compared step (AdamW, as ``jaxoff train``'s default)."""
-    return optax.adamw(1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
-
-
-def _tokens(batch: int, seq: int):
-    return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-
-
-def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
-    """``(compiled, jitted, abstract_state)`` of the real train step, state donated and
-    placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings)."""
-    from ..placement import abstract_with, jit_step, streamed_model
-    from ..train._step import abstract_state, make_train_step
-
-    tx = optimizer()
-    graphdef, state = abstract_state(streamed_model(model_cfg, placement), tx)
-    jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state)
-    state = abstract_with(state, shardings)
-    tok = _tokens(batch, seq)
-    return jitted.lower(state, tok, tok).compile(), jitted, state
 
 
 def _flops(compiled) -> float:
@@ -134,7 +113,7 @@ def measure_policy(
     """Every figure of one policy under one placement, as a JSON-able dict
     (see ``_report.COLUMNS``)."""
     from ..placement import bytes_by_kind, check_placement, streamed_model
-    from ..train._step import init_state, make_train_step
+    from ..step import init_state, make_train_step
 
     cfg = model_config(model, spec)
     check_placement(placement, cfg, policy=spec)
@@ -144,7 +123,7 @@ def measure_policy(
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     tok = _tokens(batch, seq)
-    from ..train._step import abstract_state
+    from ..step import abstract_state
 
     graphdef, _ = abstract_state(cfg, optimizer())
     jaxpr = jax.make_jaxpr(make_train_step(graphdef, optimizer(), placement))(abstract, tok, tok)

@@ -13,7 +13,7 @@ from ._config import CompareConfig
 
 def _placement_export_ok(cfg: CompareConfig, row: dict) -> bool:
     """The placement's own export check (host state, in-loop copies when streaming)."""
-    from ..placement import check_export as check_placement_export
+    from ..step import check_placement_export
     from ._measure import model_config, optimizer
 
     model_cfg = model_config(cfg.model, row["policy"])

@@ -67,7 +67,7 @@ def offloaded_activation_bytes(model_cfg, batch: int, seq: int) -> int:
     """Activation bytes the policy sends to host per step (params on device, no streaming):
     what an accelerator keeps off device between forward and backward."""
     from ..nn import with_stack
-    from ..train._step import abstract_state, make_loss_fn
+    from ..step import abstract_state, make_loss_fn
     from ._measure import optimizer
 
     cfg = with_stack(model_cfg, stream_window=0, stream_to=None)
@@ -87,7 +87,7 @@ def traced_flops(jaxpr) -> float:
 
 def baseline_flops(model_cfg, batch: int, seq: int) -> float:
     """:func:`traced_flops` of the plain step (no remat, all on device, AdamW)."""
-    from ..train._step import abstract_state, make_train_step
+    from ..step import abstract_state, make_train_step
     from ._measure import optimizer
 
     graphdef, state = abstract_state(model_cfg, optimizer())

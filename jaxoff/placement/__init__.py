@@ -15,7 +15,6 @@ from ._apply import move as move
 from ._apply import streamed_model as streamed_model
 from ._check import check_placement as check_placement
 from ._export import analyze as analyze_export
-from ._export import check_export as check_export
 from ._jit import abstract_with as abstract_with
 from ._jit import jit_step as jit_step
 from ._placement import PRESETS as PRESETS
@@ -34,7 +33,6 @@ __all__ = [
     "analyze_export",
     "batch_sharding",
     "bytes_by_kind",
-    "check_export",
     "check_placement",
     "fetch_params",
     "get_placement",

@@ -17,9 +17,6 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import jax
-import jax.numpy as jnp
-
 _ARG = re.compile(r"%arg\d+: tensor<[^>]*>\s*\{([^}]*)\}")
 _KIND = re.compile(r'mhlo\.memory_kind = "(\w+)"')
 _PLACE = re.compile(r'_xla_buffer_placement = "(\w+)"')
@@ -109,42 +106,3 @@ def analyze(mlir: str, platform: str = "") -> ExportReport:
                 counts = inside if flag or name in looped else outside
                 counts[m.group(1)] = counts.get(m.group(1), 0) + 1
     return ExportReport(platform, arg_kinds, inside, outside, host_ops, loops)
-
-
-def export_step(model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None) -> str:
-    """StableHLO text of the real train step under ``placement``, exported for ``platform``."""
-    from ..train._step import abstract_state, make_train_step
-    from ._apply import streamed_model
-    from ._jit import abstract_with, jit_step
-    from ._placement import get_placement
-    from ._shardings import batch_sharding
-
-    placement = get_placement(placement)
-    model_cfg = streamed_model(model_cfg, placement, mesh)
-    graphdef, state = abstract_state(model_cfg, tx)
-    jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, mesh)
-    tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=batch_sharding(mesh))
-    exported = jax.export.export(jitted, platforms=[platform])
-    return exported(abstract_with(state, shardings), tok, tok).mlir_module()
-
-
-def check_export(model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None):
-    """:class:`ExportReport` of the exported step, and the list of what is wrong with it."""
-    from ._placement import get_placement
-
-    placement = get_placement(placement)
-    report = analyze(export_step(model_cfg, placement, tx, batch, seq, platform, mesh), platform)
-    problems = []
-    wants_host = placement.params == "host" or placement.opt_state == "host"
-    if wants_host and not report.arg_kinds.get(placement.host_memory_kind):
-        problems.append(f"no argument in {placement.host_memory_kind}")
-    if not wants_host and set(report.arg_kinds) != {"device"}:
-        problems.append(f"arguments outside device memory: {report.arg_kinds}")
-    if placement.streams:
-        if not report.placements_in_loops.get("device"):
-            problems.append("no host-to-device parameter copy inside the layer loop")
-        if not report.placements_in_loops.get(placement.host_memory_kind):
-            problems.append("no device-to-host gradient copy inside the layer loop")
-    elif report.placements_in_loops:
-        problems.append(f"copies inside loops without streaming: {report.placements_in_loops}")
-    return report, problems

@@ -72,7 +72,7 @@ def tree_shardings(tree, memory_kind: str, mesh: Mesh | None):
 def state_shardings(placement: Placement, state, mesh: Mesh | None = None):
     """Shardings of a ``TrainState`` (or its abstract shapes): params and optimizer
     states in their placement's memory kind, FSDP-sharded on ``mesh`` when given."""
-    from ..train._step import TrainState
+    from .._state import TrainState
 
     device = placement.memory_kind("device")
     return TrainState(

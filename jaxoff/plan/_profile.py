@@ -101,7 +101,7 @@ def config_fingerprint(model_cfg) -> dict:
 
 
 def _optimizer():
-    from ..compare._measure import optimizer
+    from ..step import optimizer
 
     return optimizer()
 
@@ -111,7 +111,7 @@ def _tokens(batch: int, seq: int):
 
 
 def _grad_jaxpr(model_cfg, batch: int, seq: int):
-    from ..train._step import abstract_state, make_loss_fn
+    from ..step import abstract_state, make_loss_fn
 
     graphdef, state = abstract_state(model_cfg, _optimizer())
     tok = _tokens(batch, seq)
@@ -119,7 +119,7 @@ def _grad_jaxpr(model_cfg, batch: int, seq: int):
 
 
 def _step_jaxpr(model_cfg, batch: int, seq: int):
-    from ..train._step import abstract_state, make_train_step
+    from ..step import abstract_state, make_train_step
 
     tx = _optimizer()
     graphdef, state = abstract_state(model_cfg, tx)
@@ -173,14 +173,14 @@ def profile(
         >>> p.name("mlp_up").bytes  # [2, 16, 512] float32
         65536
     """
-    from ..train._step import abstract_state
+    from ..step import abstract_state
 
     model_cfg = _plain(model_cfg)
     L = model_cfg.num_layers
     RESIDUAL_NAMES = tuple(model_cfg.residual_names)  # noqa: N806
 
     # 1. the block's named values, their cones and FLOPs (forward, no remat)
-    from ..train._step import make_loss_fn
+    from ..step import make_loss_fn
 
     graphdef, state = abstract_state(model_cfg, _optimizer())
     tok = _tokens(batch, seq)
@@ -256,7 +256,7 @@ def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
     recomputed): ``temp_size - stacked residuals``. Between the two, the workspace grows
     with the bytes of one layer's recomputed names (they are live in that layer's
     backward): ``recompute_workspace`` is that slope (clamped at 0)."""
-    from ..compare._measure import compile_step
+    from ..step import compile_step
     from ._cost import Plan, needed_and_recomputed, residual_split
 
     found = []
@@ -281,7 +281,7 @@ def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
 
 def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> int:
     """``compiled.memory_analysis().temp_size_in_bytes`` of the scanned step with a plan."""
-    from ..compare._measure import compile_step
+    from ..step import compile_step
 
     compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
     return int(compiled.memory_analysis().temp_size_in_bytes)

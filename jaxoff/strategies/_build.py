@@ -100,7 +100,7 @@ def prepare(
         'device'
     """
     from ..placement import abstract_with, check_placement, jit_step, streamed_model
-    from ..train._step import TrainState, abstract_state, init_state, make_train_step
+    from ..step import TrainState, abstract_state, init_state, make_train_step
 
     pl = placement(recipe)
     cfg = model_config(recipe, base_cfg)

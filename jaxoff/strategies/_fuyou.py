@@ -23,7 +23,7 @@ Example:
     >>> from flax import nnx
     >>> from jaxoff.models.gpt import CONFIGS
     >>> from jaxoff.optim import paged
-    >>> from jaxoff.train._step import TrainState
+    >>> from jaxoff.step import TrainState
     >>> cfg = CONFIGS["tiny"]
     >>> graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
     >>> tx = paged(optax.adamw(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=1 << 16)
@@ -66,7 +66,7 @@ from jaxoff.optim._paged import (
 )
 from jaxoff.optim._pipeline import EntryIO, page_leaf
 from jaxoff.optim._plan import RAM_ENTRY, Plan, path_name
-from jaxoff.train._step import cross_entropy
+from jaxoff.step import cross_entropy
 
 
 class FuyouState(NamedTuple):
@@ -437,7 +437,7 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
         params = jax.tree.unflatten(plan.params_def, new_leaves)
         grad_norm = jnp.sqrt(jnp.sum(sq_b) + sum(sq_r))
         new_opt = FuyouState(version, tuple(new_crcs), tuple(new_ram))
-        from jaxoff.train._step import TrainState
+        from jaxoff.step import TrainState
 
         return (TrainState(state.step + 1, params, new_opt),
                 {"loss": loss, "grad_norm": grad_norm})

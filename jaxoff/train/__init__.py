@@ -1,5 +1,10 @@
 """Training: config, data, the jitted step, the loop with metrics and checkpoints."""
 
+from ..step import TrainState as TrainState
+from ..step import abstract_state as abstract_state
+from ..step import init_state as init_state
+from ..step import make_loss_fn as make_loss_fn
+from ..step import make_train_step as make_train_step
 from ._config import TrainConfig as TrainConfig
 from ._config import load_config_file as load_config_file
 from ._data import Batches as Batches
@@ -7,11 +12,6 @@ from ._data import load_corpus as load_corpus
 from ._loop import TrainResult as TrainResult
 from ._loop import train as train
 from ._metrics import read_metrics as read_metrics
-from ._step import TrainState as TrainState
-from ._step import abstract_state as abstract_state
-from ._step import init_state as init_state
-from ._step import make_loss_fn as make_loss_fn
-from ._step import make_train_step as make_train_step
 
 __all__ = [
     "Batches",

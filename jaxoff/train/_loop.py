@@ -20,6 +20,7 @@ from ..placement import (
     state_shardings,
     streamed_model,
 )
+from ..step import abstract_state, init_state, make_loss_fn, make_train_step
 from ._checkpoint import Checkpoints, check_resumable
 from ._config import RESUMABLE_CHANGES, TrainConfig
 from ._data import Batches, check_vocab, load_tokens, split
@@ -32,7 +33,6 @@ from ._metrics import (
     read_metrics,
     rss_bytes,
 )
-from ._step import abstract_state, init_state, make_loss_fn, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""Building a training step: loss, gradients, optimizer update; its state; compiling and exporting
+it. Above placement (which the step composes) and below the planner, ``compare`` and the
+trainer, which all build steps from here. Offload lives elsewhere (``jaxoff.placement``)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from ._state import TrainState
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+def make_loss_fn(graphdef: nnx.GraphDef, fetch=None):
+    """``loss(params, inputs, targets)`` of the model described by ``graphdef``.
+
+    ``fetch`` (see ``jaxoff.placement.fetch_params``) brings host parameters to the device.
+    """
+
+    def loss_fn(params, inputs, targets):
+        params = params if fetch is None else fetch(params)
+        return cross_entropy(nnx.merge(graphdef, params)(inputs), targets)
+
+    return loss_fn
+
+
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, placement=None):
+    """Returns ``train_step(state, inputs, targets) -> (state, metrics)``, not yet jitted.
+
+    The caller jits it with ``donate_argnums=0`` so parameters and optimizer state are
+    updated in place. ``placement`` (a ``jaxoff.placement.Placement`` or its name) says
+    where the state lives; the caller also gives the jit its ``state_shardings``.
+    """
+    from .placement import fetch_params, make_update
+
+    loss_fn = make_loss_fn(graphdef, fetch_params(placement))
+    update = make_update(tx, placement)
+
+    def train_step(state: TrainState, inputs: jax.Array, targets: jax.Array):
+        loss, grads = jax.value_and_grad(loss_fn)(state.params, inputs, targets)
+        params, opt_state, grad_norm = update(grads, state.opt_state, state.params)
+        metrics = {"loss": loss, "grad_norm": grad_norm}
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return train_step
+
+
+def init_state(model_cfg, tx: optax.GradientTransformation, seed: int):
+    """Builds the model and its optimizer state; returns ``(graphdef, TrainState)``."""
+    model = model_cfg.build(nnx.Rngs(seed))
+    graphdef, params = nnx.split(model, nnx.Param)
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    return graphdef, state
+
+
+def abstract_state(model_cfg, tx: optax.GradientTransformation):
+    """Shapes and dtypes of the TrainState, without allocating it."""
+
+    def build():
+        model = model_cfg.build(nnx.Rngs(0))
+        graphdef, params = nnx.split(model, nnx.Param)
+        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))))
+    return graphdef, jax.eval_shape(build)
+
+
+def optimizer() -> optax.GradientTransformation:
+    """The optimizer of every compared step (AdamW, as ``jaxoff train``'s default)."""
+    return optax.adamw(1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
+
+
+def tokens(batch: int, seq: int):
+    return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+
+def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
+    """``(compiled, jitted, abstract_state)`` of the real train step, state donated and
+    placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings)."""
+    from .placement import abstract_with, jit_step, streamed_model
+
+    tx = optimizer()
+    graphdef, state = abstract_state(streamed_model(model_cfg, placement), tx)
+    jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state)
+    state = abstract_with(state, shardings)
+    tok = tokens(batch, seq)
+    return jitted.lower(state, tok, tok).compile(), jitted, state
+
+
+def export_step(model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None) -> str:
+    """StableHLO text of the real train step under ``placement``, exported for ``platform``."""
+    from .placement import (
+        abstract_with,
+        batch_sharding,
+        get_placement,
+        jit_step,
+        streamed_model,
+    )
+
+    placement = get_placement(placement)
+    model_cfg = streamed_model(model_cfg, placement, mesh)
+    graphdef, state = abstract_state(model_cfg, tx)
+    jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, mesh)
+    tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=batch_sharding(mesh))
+    exported = jax.export.export(jitted, platforms=[platform])
+    return exported(abstract_with(state, shardings), tok, tok).mlir_module()
+
+
+def check_placement_export(
+    model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None
+):
+    """:class:`ExportReport` of the exported step, and the list of what is wrong with it."""
+    from .placement import analyze_export, get_placement
+
+    placement = get_placement(placement)
+    report = analyze_export(
+        export_step(model_cfg, placement, tx, batch, seq, platform, mesh), platform
+    )
+    problems = []
+    wants_host = placement.params == "host" or placement.opt_state == "host"
+    if wants_host and not report.arg_kinds.get(placement.host_memory_kind):
+        problems.append(f"no argument in {placement.host_memory_kind}")
+    if not wants_host and set(report.arg_kinds) != {"device"}:
+        problems.append(f"arguments outside device memory: {report.arg_kinds}")
+    if placement.streams:
+        if not report.placements_in_loops.get("device"):
+            problems.append("no host-to-device parameter copy inside the layer loop")
+        if not report.placements_in_loops.get(placement.host_memory_kind):
+            problems.append("no device-to-host gradient copy inside the layer loop")
+    elif report.placements_in_loops:
+        problems.append(f"copies inside loops without streaming: {report.placements_in_loops}")
+    return report, problems
