@@ -25,7 +25,8 @@ class TrainConfig:
             your own (see ``jaxoff.nn``), or, from Python, a model config object.
         policy: remat/offload policy of the scanned layers: a preset (none, full, selective,
             offload_all, offload_dots, sqrt, ...), a ``jax.checkpoint_policies`` name, or
-            ``name=action`` pairs such as ``attn_probs=remat;mlp_act=offload;*=device``.
+            ``name=action`` pairs over the model's residual names, separated by commas, such as
+            ``attn_probs=remat,mlp_act=offload,*=device``.
         positions: ``learned`` or ``rotary`` position encoding (models with a ``positions``
             field, such as the GPT); default: the model's own.
         dtype: compute dtype (float32 or bfloat16); default: the model's own.
