@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
 import threading
 from typing import Any
 
@@ -24,7 +23,7 @@ from jaxoff.aio._layout import check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
 from jaxoff.optim._pipeline import EntryIO, page_leaf
-from jaxoff.optim._plan import RAM_ENTRY, Plan, make_plan
+from jaxoff.optim._plan import RAM_ENTRY, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
 from jaxoff.optim._state import PagedState, make_state
 
@@ -289,6 +288,7 @@ class Pager:
         if params is None:
             raise ValueError("jaxoff.paged needs the parameters: call tx.update(grads, state, "
                              "params)")
+        out_def = jax.tree.structure(params)  # the result keeps the caller's wrappers
         params, grads = canonical(params), canonical(grads)
         plan = self.plan(params)
         self.open_store(plan)
@@ -347,7 +347,7 @@ class Pager:
         tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
         version = io_callback(self._commit, jax.ShapeDtypeStruct((), jnp.int32), state.version,
                               tuple(state.crcs), tuple(new_crcs), tuple(tokens), ordered=False)
-        out_tree = jax.tree.unflatten(plan.params_def, outs)
+        out_tree = jax.tree.unflatten(out_def, outs)
         return out_tree, make_state(plan, self.root, version, new_crcs, new_ram)
 
     def _compute(self, plan, leaf, g_flat, p_flat, inner_ram, extra, apply, i, n, chunks):
@@ -417,22 +417,6 @@ def stale_reason(store: PageStore, version, crcs) -> str | None:
         "orbax StandardSave/StandardRestore alone) after the store moved on. Checkpoint a "
         "paged state with jaxoff.optim.PagedSave / PagedRestore (orbax CheckpointManager) or "
         "jaxoff.optim.save_paged / restore_paged, or start again from tx.init(params)")
-
-
-def canonical(tree):
-    """``tree`` with Flax ``nnx.Variable`` wrappers replaced by their values.
-
-    ``nnx.Optimizer`` calls ``init`` on ``nnx.state(model, wrt)`` (leaves wrapped in
-    Variables, whose value adds a level to every path) and ``update`` on the pure arrays;
-    both must plan the same store entries.
-    """
-    nnx = sys.modules.get("flax.nnx")
-    if nnx is None:
-        return tree
-    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
-    if not any(is_var(x) for x in jax.tree.leaves(tree, is_leaf=is_var)):
-        return tree
-    return jax.tree.map(lambda x: x.get_value() if is_var(x) else x, tree, is_leaf=is_var)
 
 
 def _refuse_placeholder(params) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 import jax
@@ -102,6 +103,22 @@ class Plan:
         return out
 
 
+def canonical(tree):
+    """``tree`` with Flax ``nnx.Variable`` wrappers replaced by their values.
+
+    ``nnx.Optimizer`` calls ``init`` on ``nnx.state(model, wrt)`` (leaves wrapped in
+    Variables, whose value adds a level to every path) and ``update`` on the pure arrays;
+    both must plan the same store entries.
+    """
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None:
+        return tree
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    if not any(is_var(x) for x in jax.tree.leaves(tree, is_leaf=is_var)):
+        return tree
+    return jax.tree.map(lambda x: x.get_value() if is_var(x) else x, tree, is_leaf=is_var)
+
+
 def _byte_width(dtype) -> int:
     return 1 if np.dtype(dtype) == np.bool_ else np.dtype(dtype).itemsize
 
@@ -159,7 +176,9 @@ def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTra
     master_dtype = np.dtype(master_dtype)
     path_leaves, params_def = jax.tree_util.tree_flatten_with_path(params)
     leaves_abs = [jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype)) for _, x in path_leaves]
-    names = [path_name(p) for p, _ in path_leaves]
+    # Entry names come from the paths without Flax Variable wrappers: the same store for
+    # nnx.state(model) and for its pure arrays.
+    names = [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(canonical(params))[0]]
     masters = [np.dtype(a.dtype) != master_dtype for a in leaves_abs]
     for a, name, m in zip(leaves_abs, names, masters, strict=True):
         if not jnp.issubdtype(a.dtype, jnp.floating):
