@@ -26,6 +26,9 @@ _EXPORTS = {
     "update_and_apply": (".optim", "update_and_apply"),
     "fused_adamw": (".optim", "fused_adamw"),
     "save_paged": (".optim", "save_paged"),
+    "PagedSave": (".optim", "PagedSave"),
+    "PagedRestore": (".optim", "PagedRestore"),
+    "PagedState": (".optim", "PagedState"),
     "restore_paged": (".optim", "restore_paged"),
     "Stack": (".nn", "Stack"),
     "LayeredModel": (".nn", "LayeredModel"),
@@ -63,6 +66,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .nn import Stack as Stack
     from .nn import load_model as load_model
     from .nn import run_stack as run_stack
+    from .optim import PagedRestore as PagedRestore
+    from .optim import PagedSave as PagedSave
+    from .optim import PagedState as PagedState
     from .optim import fused_adamw as fused_adamw
     from .optim import paged as paged
     from .optim import restore_paged as restore_paged
