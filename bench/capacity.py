@@ -105,8 +105,9 @@ def store_bytes(n_params: int, mode: str, slots: int = 2) -> int:
 # ----------------------------------------------------------------------------- child
 
 
-def _rss_watchdog(limit: int, min_available: int, result_path: Path, peak: list[int],
-                  by_phase: dict[str, float]):
+def _rss_watchdog(
+    limit: int, min_available: int, result_path: Path, peak: list[int], by_phase: dict[str, float]
+):
     """Polls RSS every 20 ms; over the limit (or the machine nearly out of memory) it writes
     the verdict to ``result_path`` and ends the process with exit status 3."""
     import psutil
@@ -119,16 +120,24 @@ def _rss_watchdog(limit: int, min_available: int, result_path: Path, peak: list[
         avail = psutil.virtual_memory().available
         why = None
         if rss > limit:
-            why = (f"over-limit (RSS {rss / GIB:.2f} GiB > {limit / GIB:.2f} GiB, "
-                   f"in {_PHASE[0]})")
+            why = f"over-limit (RSS {rss / GIB:.2f} GiB > {limit / GIB:.2f} GiB, in {_PHASE[0]})"
         elif avail < min_available:
-            why = (f"machine out of memory ({avail / GIB:.2f} GiB available, RSS "
-                   f"{rss / GIB:.2f} GiB, in {_PHASE[0]})")
+            why = (
+                f"machine out of memory ({avail / GIB:.2f} GiB available, RSS "
+                f"{rss / GIB:.2f} GiB, in {_PHASE[0]})"
+            )
         if why:
             try:
-                result_path.write_text(json.dumps({"status": "killed", "why": why,
-                                                   "watchdog_peak_rss": peak[0],
-                                                   "peak_rss_gib_in": by_phase}))
+                result_path.write_text(
+                    json.dumps(
+                        {
+                            "status": "killed",
+                            "why": why,
+                            "watchdog_peak_rss": peak[0],
+                            "peak_rss_gib_in": by_phase,
+                        }
+                    )
+                )
             finally:
                 os._exit(3)
         time.sleep(0.02)
@@ -172,8 +181,17 @@ def _build_params(cfg):
     return graphdef, jax.tree_util.tree_map_with_path(fill, abstract)
 
 
-def run_probe(mode: str, num_layers: int, d_model: int, seq_len: int, batch_size: int,
-              steps: int, store_dir: str | None, lr: float = 1e-4, slots: int = 2) -> dict:
+def run_probe(
+    mode: str,
+    num_layers: int,
+    d_model: int,
+    seq_len: int,
+    batch_size: int,
+    steps: int,
+    store_dir: str | None,
+    lr: float = 1e-4,
+    slots: int = 2,
+) -> dict:
     """Builds the model of ``mode``, runs ``steps`` train steps in this process; returns the
     record (without peak RSS, which the parent takes from ``wait4``)."""
     import jax
@@ -183,8 +201,14 @@ def run_probe(mode: str, num_layers: int, d_model: int, seq_len: int, batch_size
     from flax import nnx
 
     cfg = model_config(num_layers, d_model, seq_len, mode)
-    rec: dict = {"mode": mode, "num_layers": num_layers, "d_model": d_model,
-                 "seq_len": seq_len, "batch_size": batch_size, "params": cfg.num_params()}
+    rec: dict = {
+        "mode": mode,
+        "num_layers": num_layers,
+        "d_model": d_model,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "params": cfg.num_params(),
+    }
     import psutil
 
     rss_at: dict[str, float] = {}
@@ -303,12 +327,28 @@ def _du(path: str | None) -> int:
 def child_main(a: argparse.Namespace) -> None:
     result_path = Path(a.result)
     peak, by_phase = [0], {}
-    threading.Thread(target=_rss_watchdog, daemon=True,
-                     args=(int(a.mem_limit_gib * GIB), int(a.min_available_gib * GIB),
-                           result_path, peak, by_phase)).start()
+    threading.Thread(
+        target=_rss_watchdog,
+        daemon=True,
+        args=(
+            int(a.mem_limit_gib * GIB),
+            int(a.min_available_gib * GIB),
+            result_path,
+            peak,
+            by_phase,
+        ),
+    ).start()
     try:
-        rec = run_probe(a.mode, a.layers, a.d_model, a.seq_len, a.batch_size, a.steps,
-                        a.store_dir, slots=a.slots)
+        rec = run_probe(
+            a.mode,
+            a.layers,
+            a.d_model,
+            a.seq_len,
+            a.batch_size,
+            a.steps,
+            a.store_dir,
+            slots=a.slots,
+        )
         rec["status"] = "ok"
     except BaseException as e:  # report any crash as the probe's outcome
         rec = {"status": "error", "why": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -322,10 +362,21 @@ def child_main(a: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- parent
 
 
-def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128,
-          batch_size: int = 1, steps: int = 3, mem_limit_gib: float | None = None,
-          min_available_gib: float = 0.75, store_dir: str | None = None,
-          disk_reserve_gib: float = 4.0, timeout_s: float = 1800.0, slots: int = 2) -> dict:
+def probe(
+    mode: str,
+    num_layers: int,
+    *,
+    d_model: int = 2048,
+    seq_len: int = 128,
+    batch_size: int = 1,
+    steps: int = 3,
+    mem_limit_gib: float | None = None,
+    min_available_gib: float = 0.75,
+    store_dir: str | None = None,
+    disk_reserve_gib: float = 4.0,
+    timeout_s: float = 1800.0,
+    slots: int = 2,
+) -> dict:
     """Runs one probe in a child process and returns its record (see the module doc).
 
     ``fits`` is True when the child finished every step with finite losses within the
@@ -338,8 +389,13 @@ def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128
     n_params = num_params(num_layers, d_model, seq_len)
     per = state_bytes_per_param(mode)
     rec: dict = {
-        "mode": mode, "num_layers": num_layers, "d_model": d_model, "params": n_params,
-        "seq_len": seq_len, "batch_size": batch_size, "steps": steps,
+        "mode": mode,
+        "num_layers": num_layers,
+        "d_model": d_model,
+        "params": n_params,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "steps": steps,
         "mem_limit_gib": mem_limit_gib,
         "state_bytes": sum(per.values()) * n_params,
         "state_bytes_by_part": {k: v * n_params for k, v in per.items()},
@@ -352,17 +408,42 @@ def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128
         free = shutil.disk_usage(root).free
         rec["disk_free"] = free
         if rec["store_bytes_needed"] > free - disk_reserve_gib * GIB:
-            rec.update(fits=False, status="skipped",
-                       why=f"disk-bound (store {rec['store_bytes_needed'] / 1e9:.1f} GB > "
-                           f"{free / 1e9:.1f} GB free - {disk_reserve_gib:g} GiB reserve)")
+            rec.update(
+                fits=False,
+                status="skipped",
+                why=f"disk-bound (store {rec['store_bytes_needed'] / 1e9:.1f} GB > "
+                f"{free / 1e9:.1f} GB free - {disk_reserve_gib:g} GiB reserve)",
+            )
             return rec
     work = Path(tempfile.mkdtemp(prefix="capacity-probe-", dir=root))
     result = work / "result.json"
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
-           "--layers", str(num_layers), "--d-model", str(d_model), "--seq-len", str(seq_len),
-           "--batch-size", str(batch_size), "--steps", str(steps),
-           "--mem-limit-gib", str(mem_limit_gib), "--min-available-gib", str(min_available_gib),
-           "--store-dir", str(work / "store"), "--result", str(result), "--slots", str(slots)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--mode",
+        mode,
+        "--layers",
+        str(num_layers),
+        "--d-model",
+        str(d_model),
+        "--seq-len",
+        str(seq_len),
+        "--batch-size",
+        str(batch_size),
+        "--steps",
+        str(steps),
+        "--mem-limit-gib",
+        str(mem_limit_gib),
+        "--min-available-gib",
+        str(min_available_gib),
+        "--store-dir",
+        str(work / "store"),
+        "--result",
+        str(result),
+        "--slots",
+        str(slots),
+    ]
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
@@ -393,8 +474,11 @@ def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128
         rec["peak_rss"] = max(rec["peak_rss"], got.get("watchdog_peak_rss", 0))
         if child.returncode < 0 and not got:
             rec["status"] = "killed"
-            rec["why"] = ("timeout" if rec["wall_s"] >= timeout_s else
-                          f"killed by signal {-child.returncode} (OOM killer?)")
+            rec["why"] = (
+                "timeout"
+                if rec["wall_s"] >= timeout_s
+                else f"killed by signal {-child.returncode} (OOM killer?)"
+            )
         elif not got:
             tail = log.read_text()[-400:] if log.exists() else ""
             rec.update(status="error", why=f"exit {child.returncode}: {tail}")
@@ -412,8 +496,17 @@ def probe(mode: str, num_layers: int, *, d_model: int = 2048, seq_len: int = 128
     return rec
 
 
-def search(mode: str, start_params: float, *, max_probes: int, grow: float, d_model: int,
-           seq_len: int, on_probe, **kw) -> list[dict]:
+def search(
+    mode: str,
+    start_params: float,
+    *,
+    max_probes: int,
+    grow: float,
+    d_model: int,
+    seq_len: int,
+    on_probe,
+    **kw,
+) -> list[dict]:
     """Largest fitting size of ``mode``: walk from ``start_params`` by ``grow`` to bracket it,
     then bisect on layers. Paged sizes above the disk's capacity are clipped to it."""
     records: dict[int, dict] = {}
@@ -465,19 +558,39 @@ def _fmt_gib(b) -> str:
 def render(records: list[dict], console) -> None:
     from rich.table import Table
 
-    t = Table(title="GPT capacity probes (peak RSS of each child; state = params + grads + "
-                    "moments + masters)")
-    for col in ("mode", "layers", "params", "peak RSS GiB", "state GiB", "RSS/state",
-                "store GB (disk)", "init s", "compile s", "step s", "loss", "fits / why not"):
+    t = Table(
+        title="GPT capacity probes (peak RSS of each child; state = params + grads + "
+        "moments + masters)"
+    )
+    for col in (
+        "mode",
+        "layers",
+        "params",
+        "peak RSS GiB",
+        "state GiB",
+        "RSS/state",
+        "store GB (disk)",
+        "init s",
+        "compile s",
+        "step s",
+        "loss",
+        "fits / why not",
+    ):
         t.add_column(col, justify="left" if col in ("mode", "fits / why not") else "right")
     for r in records:
         steps = r.get("step_s") or []
         t.add_row(
-            r["mode"], str(r["num_layers"]), f"{r['params'] / 1e9:.3f}B",
-            _fmt_gib(r.get("peak_rss")), _fmt_gib(r["state_bytes"]),
+            r["mode"],
+            str(r["num_layers"]),
+            f"{r['params'] / 1e9:.3f}B",
+            _fmt_gib(r.get("peak_rss")),
+            _fmt_gib(r["state_bytes"]),
             f"{r['rss_over_state']:.3f}" if "rss_over_state" in r else "-",
-            (f"{r['store_bytes_on_disk'] / 1e9:.1f}" if r.get("store_bytes_on_disk")
-             else (f"({r['store_bytes_needed'] / 1e9:.1f})" if r["store_bytes_needed"] else "-")),
+            (
+                f"{r['store_bytes_on_disk'] / 1e9:.1f}"
+                if r.get("store_bytes_on_disk")
+                else (f"({r['store_bytes_needed'] / 1e9:.1f})" if r["store_bytes_needed"] else "-")
+            ),
             f"{r['init_s']:.0f}" if "init_s" in r else "-",
             f"{r['compile_s']:.0f}" if "compile_s" in r else "-",
             " ".join(f"{s:.1f}" for s in steps) or "-",
@@ -493,9 +606,15 @@ def summarize(records: list[dict]) -> dict:
         fit = [r for r in records if r["mode"] == m and r["fits"]]
         if fit:
             best[m] = max(fit, key=lambda r: r["params"])
-    out: dict = {"largest": {m: {k: r.get(k) for k in ("num_layers", "params", "peak_rss",
-                                                       "state_bytes", "rss_over_state")}
-                             for m, r in best.items()}}
+    out: dict = {
+        "largest": {
+            m: {
+                k: r.get(k)
+                for k in ("num_layers", "params", "peak_rss", "state_bytes", "rss_over_state")
+            }
+            for m, r in best.items()
+        }
+    }
     for m in PAGED_MODES:
         if m in best:
             out[f"{m}_rss_over_state"] = best[m]["rss_over_state"]
@@ -508,28 +627,51 @@ def summarize(records: list[dict]) -> dict:
 def main(argv=None) -> None:
     import psutil
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "paged"])
     p.add_argument("--d-model", type=int, default=2048, help="width; sizes vary by layers")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--mem-limit-gib", type=float, default=None,
-                   help="RSS limit of a probe (default: total RAM - 1 GiB)")
-    p.add_argument("--min-available-gib", type=float, default=0.75,
-                   help="stop a probe when the machine has less available than this")
+    p.add_argument(
+        "--mem-limit-gib",
+        type=float,
+        default=None,
+        help="RSS limit of a probe (default: total RAM - 1 GiB)",
+    )
+    p.add_argument(
+        "--min-available-gib",
+        type=float,
+        default=0.75,
+        help="stop a probe when the machine has less available than this",
+    )
     p.add_argument("--store-dir", default=None, help="where paged probes put their store")
     p.add_argument("--disk-reserve-gib", type=float, default=4.0)
-    p.add_argument("--slots", type=int, choices=(1, 2), default=2,
-                   help="page store slots of the paged modes: 2 (crash-safe) or 1 (in place, "
-                        "half the disk)")
-    p.add_argument("--start", type=float, nargs="+", default=None,
-                   help="start size per mode in parameters, e.g. 1.21e9 3e9 (default: "
-                        "1.21e9 for plain modes, the disk cap for paged)")
+    p.add_argument(
+        "--slots",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="page store slots of the paged modes: 2 (crash-safe) or 1 (in place, half the disk)",
+    )
+    p.add_argument(
+        "--start",
+        type=float,
+        nargs="+",
+        default=None,
+        help="start size per mode in parameters, e.g. 1.21e9 3e9 (default: "
+        "1.21e9 for plain modes, the disk cap for paged)",
+    )
     p.add_argument("--grow", type=float, default=1.25, help="ladder factor before bisecting")
-    p.add_argument("--max-probes", type=int, nargs="+", default=[4],
-                   help="probes per mode (one value, or one per mode)")
+    p.add_argument(
+        "--max-probes",
+        type=int,
+        nargs="+",
+        default=[4],
+        help="probes per mode (one value, or one per mode)",
+    )
     p.add_argument("--timeout-s", type=float, default=1200.0, help="per probe")
     p.add_argument("--out", default="capacity.json")
     # child side
@@ -551,39 +693,70 @@ def main(argv=None) -> None:
         starts = starts * len(a.modes)
     max_probes = a.max_probes * len(a.modes) if len(a.max_probes) == 1 else a.max_probes
     vm = psutil.virtual_memory()
-    console.print(f"machine: {vm.total / GIB:.1f} GiB RAM, {vm.available / GIB:.1f} GiB "
-                  f"available; limit per probe {a.mem_limit_gib:.1f} GiB; disk free "
-                  f"{shutil.disk_usage(a.store_dir or tempfile.gettempdir()).free / 1e9:.0f} GB")
+    console.print(
+        f"machine: {vm.total / GIB:.1f} GiB RAM, {vm.available / GIB:.1f} GiB "
+        f"available; limit per probe {a.mem_limit_gib:.1f} GiB; disk free "
+        f"{shutil.disk_usage(a.store_dir or tempfile.gettempdir()).free / 1e9:.0f} GB"
+    )
     records: list[dict] = []
     t_start = time.perf_counter()
-    kw = dict(batch_size=a.batch_size, steps=a.steps, mem_limit_gib=a.mem_limit_gib,
-              min_available_gib=a.min_available_gib, store_dir=a.store_dir,
-              disk_reserve_gib=a.disk_reserve_gib, timeout_s=a.timeout_s, slots=a.slots)
+    kw = dict(
+        batch_size=a.batch_size,
+        steps=a.steps,
+        mem_limit_gib=a.mem_limit_gib,
+        min_available_gib=a.min_available_gib,
+        store_dir=a.store_dir,
+        disk_reserve_gib=a.disk_reserve_gib,
+        timeout_s=a.timeout_s,
+        slots=a.slots,
+    )
     with console.status("probing...") as status:
         for mode, start, n_probes in zip(a.modes, starts, max_probes, strict=True):
+
             def on_probe(r, mode=mode):
                 records.append(r)
-                console.print(f"  {r['mode']:10s} {r['num_layers']:3d} layers "
-                              f"{r['params'] / 1e9:6.3f}B  peak RSS {_fmt_gib(r.get('peak_rss'))}"
-                              f" GiB  {r.get('why')}  ({r.get('wall_s', 0):.0f} s)")
+                console.print(
+                    f"  {r['mode']:10s} {r['num_layers']:3d} layers "
+                    f"{r['params'] / 1e9:6.3f}B  peak RSS {_fmt_gib(r.get('peak_rss'))}"
+                    f" GiB  {r.get('why')}  ({r.get('wall_s', 0):.0f} s)"
+                )
                 Path(a.out).write_text(json.dumps({"records": records}, indent=1))
                 status.update(f"probing {mode}... {time.perf_counter() - t_start:.0f} s")
 
             status.update(f"probing {mode}...")
-            search(mode, start, max_probes=n_probes, grow=a.grow, d_model=a.d_model,
-                   seq_len=a.seq_len, on_probe=on_probe, **kw)
+            search(
+                mode,
+                start,
+                max_probes=n_probes,
+                grow=a.grow,
+                d_model=a.d_model,
+                seq_len=a.seq_len,
+                on_probe=on_probe,
+                **kw,
+            )
     render(records, console)
     summary = summarize(records)
     for m, r in summary["largest"].items():
-        console.print(f"largest {m}: {r['params'] / 1e9:.3f}B params ({r['num_layers']} layers), "
-                      f"peak RSS {_fmt_gib(r['peak_rss'])} GiB, RSS/state "
-                      f"{r['rss_over_state']:.3f}")
+        console.print(
+            f"largest {m}: {r['params'] / 1e9:.3f}B params ({r['num_layers']} layers), "
+            f"peak RSS {_fmt_gib(r['peak_rss'])} GiB, RSS/state "
+            f"{r['rss_over_state']:.3f}"
+        )
     for k, v in summary.items():
         if k != "largest":
             console.print(f"{k}: {v:.3f}")
     args = {k: v for k, v in vars(a).items() if k not in ("child", "mode", "layers", "result")}
-    Path(a.out).write_text(json.dumps({"args": args, "records": records, "summary": summary,
-                                       "wall_s": time.perf_counter() - t_start}, indent=1))
+    Path(a.out).write_text(
+        json.dumps(
+            {
+                "args": args,
+                "records": records,
+                "summary": summary,
+                "wall_s": time.perf_counter() - t_start,
+            },
+            indent=1,
+        )
+    )
     console.print(f"wrote {a.out}")
 
 

@@ -38,9 +38,15 @@ PEER_PYTHON = "/tmp/peers/venv/bin/python"
 OURS = ("jaxoff_fused_adamw", "jaxoff_optax_adamw")
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 # peak resident bytes per parameter, roughly (p, g, m, v = 16 B, plus temporaries)
-MEM_PER_PARAM = {"jaxoff_fused_adamw": 16.5, "jaxoff_optax_adamw": 26, "ds_cpu_adam": 17,
-                 "torch_adamw_fused": 17, "torch_adamw_foreach": 25, "torch_adamw_forloop": 25,
-                 "jax_optax_adamw": 26}
+MEM_PER_PARAM = {
+    "jaxoff_fused_adamw": 16.5,
+    "jaxoff_optax_adamw": 26,
+    "ds_cpu_adam": 17,
+    "torch_adamw_fused": 17,
+    "torch_adamw_foreach": 25,
+    "torch_adamw_forloop": 25,
+    "jax_optax_adamw": 26,
+}
 
 
 def cpu_busy_seconds() -> float | None:
@@ -54,6 +60,7 @@ def cpu_busy_seconds() -> float | None:
 
 
 # ----------------------------------------------------------------------------- worker
+
 
 def worker(impl: str, n: int, warmup: int, steps: int, threads: int) -> dict:
     import jax
@@ -98,14 +105,20 @@ def worker(impl: str, n: int, warmup: int, steps: int, threads: int) -> dict:
     assert bool(jnp.isfinite(box[0][:1000]).all())
     foreign = None if c0 is None or c1 is None else max(0.0, (c1 - c0) - (p1 - p0))
     med = statistics.median(times)
-    return {"bench": "cpu_adam", "impl": impl, "nparams": n, "seconds_per_step": med,
-            "seconds_all": [round(t, 5) for t in times],
-            "GBps_effective": round(28 * n / med / 1e9, 2),
-            "own_cpu_cores": round((p1 - p0) / wall, 2),
-            "foreign_cpu_per_s": None if foreign is None else round(foreign / wall, 2)}
+    return {
+        "bench": "cpu_adam",
+        "impl": impl,
+        "nparams": n,
+        "seconds_per_step": med,
+        "seconds_all": [round(t, 5) for t in times],
+        "GBps_effective": round(28 * n / med / 1e9, 2),
+        "own_cpu_cores": round((p1 - p0) / wall, 2),
+        "foreign_cpu_per_s": None if foreign is None else round(foreign / wall, 2),
+    }
 
 
 # ----------------------------------------------------------------------------- driver
+
 
 def parse_n(s: str) -> int:
     s = s.strip().upper()
@@ -129,8 +142,19 @@ def wait_quiet(max_wait: float, window: float = 0.5, cores: float = 0.5) -> bool
 def run_ours(impl: str, n: int, a) -> dict:
     if a.quiet_wait > 0:
         wait_quiet(a.quiet_wait)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, str(n), "--steps",
-           str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        impl,
+        str(n),
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--threads",
+        str(a.threads),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
     if r.returncode != 0 or not lines:
@@ -140,9 +164,22 @@ def run_ours(impl: str, n: int, a) -> dict:
 
 
 def run_peers(impls: list[str], n: int, a) -> list[dict]:
-    cmd = [a.peer_python, PEER_SCRIPT, "--nparams", str(n), "--impls", ",".join(impls),
-           "--steps", str(a.steps), "--warmup", str(a.warmup), "--quiet-wait", str(a.quiet_wait),
-           "--budget", "100000"]
+    cmd = [
+        a.peer_python,
+        PEER_SCRIPT,
+        "--nparams",
+        str(n),
+        "--impls",
+        ",".join(impls),
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--quiet-wait",
+        str(a.quiet_wait),
+        "--budget",
+        "100000",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     out = []
     for line in r.stdout.splitlines():
@@ -161,28 +198,42 @@ def fits(impl: str, n: int, max_gib: float) -> bool:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nparams", default="100M,500M", help="comma list; M = 1e6")
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--ours", default=",".join(OURS))
-    ap.add_argument("--peers", default="ds_cpu_adam,torch_adamw_fused",
-                    help="impls of the peers' script (none: '')")
+    ap.add_argument(
+        "--peers",
+        default="ds_cpu_adam,torch_adamw_fused",
+        help="impls of the peers' script (none: '')",
+    )
     ap.add_argument("--threads", type=int, default=0, help="fused_adamw threads (0: all cores)")
-    ap.add_argument("--max-gib", type=float, default=8.5,
-                    help="skip a run whose estimated peak memory exceeds this")
-    ap.add_argument("--quiet-wait", type=float, default=3.0,
-                    help="before each run wait up to this long for idle CPUs (the peers' "
-                         "script gets the same value)")
+    ap.add_argument(
+        "--max-gib",
+        type=float,
+        default=8.5,
+        help="skip a run whose estimated peak memory exceeds this",
+    )
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=3.0,
+        help="before each run wait up to this long for idle CPUs (the peers' "
+        "script gets the same value)",
+    )
     ap.add_argument("--peer-python", default=PEER_PYTHON)
     ap.add_argument("--json", help="also append every result as a JSON line to this file")
     ap.add_argument("--worker", nargs=2, metavar=("IMPL", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker[0], int(a.worker[1]), a.warmup, a.steps, a.threads)),
-              flush=True)
+        print(
+            json.dumps(worker(a.worker[0], int(a.worker[1]), a.warmup, a.steps, a.threads)),
+            flush=True,
+        )
         return 0
 
     from rich.console import Console
@@ -193,8 +244,10 @@ def main() -> int:
     ours = [s for s in a.ours.split(",") if s.strip()]
     peers = [s for s in a.peers.split(",") if s.strip()]
     if peers and not os.path.exists(a.peer_python):
-        console.print(f"[red]{a.peer_python} not found: run `bash {PEERS_DIR}/setup.sh` "
-                      "(log /tmp/peers_setup.log), or pass --peers ''")
+        console.print(
+            f"[red]{a.peer_python} not found: run `bash {PEERS_DIR}/setup.sh` "
+            "(log /tmp/peers_setup.log), or pass --peers ''"
+        )
         return 2
     results: dict[tuple[str, int], list[dict]] = {}
     skipped: list[str] = []
@@ -207,9 +260,12 @@ def main() -> int:
             if peer_group:
                 groups.append(peer_group)
             if rep == 0:
-                skipped += [f"{i} @ {n / 1e6:g}M (needs ~{MEM_PER_PARAM.get(i, 26) * n / 2**30:.1f}"
-                            f" GiB > --max-gib {a.max_gib})"
-                            for i in ours + peers if not fits(i, n, a.max_gib)]
+                skipped += [
+                    f"{i} @ {n / 1e6:g}M (needs ~{MEM_PER_PARAM.get(i, 26) * n / 2**30:.1f}"
+                    f" GiB > --max-gib {a.max_gib})"
+                    for i in ours + peers
+                    if not fits(i, n, a.max_gib)
+                ]
             k = rep % len(groups) if groups else 0
             for g in groups[k:] + groups[:k]:  # rotate: no implementation always goes first
                 outs = run_ours(g[0], n, a) if g[0] in ours else None
@@ -220,17 +276,32 @@ def main() -> int:
                     if jsonf:
                         jsonf.write(json.dumps(d) + "\n")
                         jsonf.flush()
-                    what = (f"{d['seconds_per_step'] * 1e3:8.1f} ms/step"
-                            if "seconds_per_step" in d else d.get("error", d.get("skipped")))
-                    console.print(f"[dim]rep {rep} {n / 1e6:>5g}M {d['impl']:<20} {what}"
-                                  f"  foreign cpu/s {d.get('foreign_cpu_per_s')}[/dim]")
+                    what = (
+                        f"{d['seconds_per_step'] * 1e3:8.1f} ms/step"
+                        if "seconds_per_step" in d
+                        else d.get("error", d.get("skipped"))
+                    )
+                    console.print(
+                        f"[dim]rep {rep} {n / 1e6:>5g}M {d['impl']:<20} {what}"
+                        f"  foreign cpu/s {d.get('foreign_cpu_per_s')}[/dim]"
+                    )
     if jsonf:
         jsonf.close()
 
-    table = Table(title=f"CPU AdamW update, fp32, state in RAM: median of {a.reps} reps x "
-                        f"{a.steps} steps ({time.monotonic() - t_start:.0f} s)")
-    for col in ("N", "impl", "s/step [min-max]", "Mparams/s", "GB/s eff.", "vs best peer",
-                "per-rep ratio", "foreign cpu/s"):
+    table = Table(
+        title=f"CPU AdamW update, fp32, state in RAM: median of {a.reps} reps x "
+        f"{a.steps} steps ({time.monotonic() - t_start:.0f} s)"
+    )
+    for col in (
+        "N",
+        "impl",
+        "s/step [min-max]",
+        "Mparams/s",
+        "GB/s eff.",
+        "vs best peer",
+        "per-rep ratio",
+        "foreign cpu/s",
+    ):
         table.add_column(col, justify="left" if col == "impl" else "right")
     summary = []
     for n in ns:
@@ -248,20 +319,39 @@ def main() -> int:
                 ratio = f"{peer_meds[best] / m:.2f}x"
                 pairs = []
                 for d in results[(impl, n)]:
-                    bs = [b["seconds_per_step"] for b in results.get((best, n), [])
-                          if b["rep"] == d["rep"] and "seconds_per_step" in b]
+                    bs = [
+                        b["seconds_per_step"]
+                        for b in results.get((best, n), [])
+                        if b["rep"] == d["rep"] and "seconds_per_step" in b
+                    ]
                     if bs and "seconds_per_step" in d:
                         pairs.append(bs[0] / d["seconds_per_step"])
                 per_rep = f"{statistics.median(pairs):.2f}x" if pairs else ""
-            foreign = [d["foreign_cpu_per_s"] for d in results[(impl, n)]
-                       if d.get("foreign_cpu_per_s") is not None]
-            table.add_row(f"{n / 1e6:g}M", impl + (" (best peer)" if impl == best else ""),
-                          f"{m:.4f} [{min(ts):.4f}-{max(ts):.4f}]", f"{n / m / 1e6:,.0f}",
-                          f"{28 * n / m / 1e9:.1f}", ratio, per_rep,
-                          f"{statistics.median(foreign):.2f}" if foreign else "")
-            summary.append({"nparams": n, "impl": impl, "median_s": m, "params_per_s": n / m,
-                            "best_peer": best, "ratio_vs_best_peer":
-                            (peer_meds[best] / m) if best else None})
+            foreign = [
+                d["foreign_cpu_per_s"]
+                for d in results[(impl, n)]
+                if d.get("foreign_cpu_per_s") is not None
+            ]
+            table.add_row(
+                f"{n / 1e6:g}M",
+                impl + (" (best peer)" if impl == best else ""),
+                f"{m:.4f} [{min(ts):.4f}-{max(ts):.4f}]",
+                f"{n / m / 1e6:,.0f}",
+                f"{28 * n / m / 1e9:.1f}",
+                ratio,
+                per_rep,
+                f"{statistics.median(foreign):.2f}" if foreign else "",
+            )
+            summary.append(
+                {
+                    "nparams": n,
+                    "impl": impl,
+                    "median_s": m,
+                    "params_per_s": n / m,
+                    "best_peer": best,
+                    "ratio_vs_best_peer": (peer_meds[best] / m) if best else None,
+                }
+            )
         table.add_section()
     console.print(table)
     for s in skipped:

@@ -39,8 +39,10 @@ SIZES = (64, 256, 256, 10)
 
 def init_params(seed=0):
     keys = jax.random.split(jax.random.key(seed), len(SIZES))
-    return {f"l{i}": {"w": jax.random.normal(keys[i], (a, b)) / np.sqrt(a), "b": jnp.zeros(b)}
-            for i, (a, b) in enumerate(zip(SIZES, SIZES[1:], strict=False))}
+    return {
+        f"l{i}": {"w": jax.random.normal(keys[i], (a, b)) / np.sqrt(a), "b": jnp.zeros(b)}
+        for i, (a, b) in enumerate(zip(SIZES, SIZES[1:], strict=False))
+    }
 
 
 def loss_fn(params, x, y):
@@ -64,8 +66,9 @@ def batches(steps, n=64):
 
 def make_tx(steps):
     lr = optax.warmup_cosine_decay_schedule(0.0, 3e-3, steps // 10, steps, end_value=3e-4)
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.1))
+    return optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.1)
+    )
 
 
 def run_plain(tx, data):
@@ -159,17 +162,23 @@ def distances(run, base) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
-                                                  "equivalence.json"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "results", "equivalence.json")
+    )
     args = ap.parse_args()
     data = batches(args.steps)
     t0 = time.perf_counter()
-    runs = {"plain": run_plain(make_tx(args.steps), data),
-            "plain-split": run_split(make_tx(args.steps), data)}
+    runs = {
+        "plain": run_plain(make_tx(args.steps), data),
+        "plain-split": run_split(make_tx(args.steps), data),
+    }
     clip = optax.clip_by_global_norm(1.0)
-    inner = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 3e-3, args.steps // 10,
-                                                           args.steps, end_value=3e-4),
-                        b1=0.9, b2=0.95, weight_decay=0.1)
+    inner = optax.adamw(
+        optax.warmup_cosine_decay_schedule(0.0, 3e-3, args.steps // 10, args.steps, end_value=3e-4),
+        b1=0.9,
+        b2=0.95,
+        weight_decay=0.1,
+    )
     runs["plain-leaf"] = run_leaf(clip, inner, data)
     with tempfile.TemporaryDirectory() as d:
         for name, fused in (("paged", True), ("paged-optax", False)):
@@ -177,23 +186,27 @@ def main():
             runs[name] = run_paged(tx, data, fused)
     base = runs["plain"]
     dist = {k: distances(v, base) for k, v in runs.items() if k != "plain"}
-    floor = {m: max(dist["plain-split"][m], dist["plain-leaf"][m])
-             for m in ("param_max_abs", "param_rel_l2", "loss_max_rel")}
-    ratios = {k: {m: (dist[k][m] / floor[m] if floor[m] else None) for m in floor}
-              for k in ("paged", "paged-optax")}
+    floor = {
+        m: max(dist["plain-split"][m], dist["plain-leaf"][m])
+        for m in ("param_max_abs", "param_rel_l2", "loss_max_rel")
+    }
+    ratios = {
+        k: {m: (dist[k][m] / floor[m] if floor[m] else None) for m in floor}
+        for k in ("paged", "paged-optax")
+    }
     result = {
         "command": f"python bench/equivalence.py --steps {args.steps}",
         "model": f"MLP {SIZES}, {sum(x.size for x in jax.tree.leaves(init_params()))} "
-                 "parameters, float32",
-        "optimizer": "chain(clip_by_global_norm(1.0), adamw(warmup-cosine 3e-3, b2=0.95, "
-                     "wd=0.1))",
+        "parameters, float32",
+        "optimizer": "chain(clip_by_global_norm(1.0), adamw(warmup-cosine 3e-3, b2=0.95, wd=0.1))",
         "steps": args.steps,
         "baseline": "plain: the user's step (grad + update + apply_updates in one jit)",
         "distances_to_plain": dist,
         "noise_floor": floor,
         "ratio_to_floor": ratios,
         "paged_bitwise_equal_to_plain_leaf": distances(runs["paged"], runs["plain-leaf"])[
-            "params_bitwise_equal"],
+            "params_bitwise_equal"
+        ],
         "final_loss": {k: float(v[1][-1]) for k, v in runs.items()},
         "first_loss": float(base[1][0]),
         "seconds": round(time.perf_counter() - t0, 1),
@@ -201,15 +214,22 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"{args.steps} steps, loss {result['first_loss']:.4f} -> "
-          f"{result['final_loss']['plain']:.4f} (plain)")
+    print(
+        f"{args.steps} steps, loss {result['first_loss']:.4f} -> "
+        f"{result['final_loss']['plain']:.4f} (plain)"
+    )
     print(f"{'run':<12} {'max|dp|':>10} {'rel L2':>10} {'loss rel':>10}  ratio to floor")
     for k, d in dist.items():
         r = ratios.get(k)
-        rs = ("  " + " / ".join(f"{x:.2f}" if x is not None else "-" for x in r.values())
-              if r else "  (floor)")
-        print(f"{k:<12} {d['param_max_abs']:10.3g} {d['param_rel_l2']:10.3g} "
-              f"{d['loss_max_rel']:10.3g}{rs}")
+        rs = (
+            "  " + " / ".join(f"{x:.2f}" if x is not None else "-" for x in r.values())
+            if r
+            else "  (floor)"
+        )
+        print(
+            f"{k:<12} {d['param_max_abs']:10.3g} {d['param_rel_l2']:10.3g} "
+            f"{d['loss_max_rel']:10.3g}{rs}"
+        )
     print(f"paged bitwise equal to plain-leaf: {result['paged_bitwise_equal_to_plain_leaf']}")
     print(f"wrote {args.out}")
 

@@ -43,8 +43,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "bench" / "gpu_probe.py"
 NO_GPU_EXIT = 3
-PLACEMENTS = ["device", "host_opt", "host_opt_xfer", "host_params", "host_params_stream1",
-              "host_params_stream2", "paged:device", "paged:host_params"]
+PLACEMENTS = [
+    "device",
+    "host_opt",
+    "host_opt_xfer",
+    "host_params",
+    "host_params_stream1",
+    "host_params_stream2",
+    "paged:device",
+    "paged:host_params",
+]
 # Dense peak FLOP/s by device kind and compute dtype (vendor datasheets, SXM parts; float32
 # matmuls run as TF32 under JAX's default precision on these GPUs). MFU is null elsewhere.
 PEAK_FLOPS = {
@@ -65,8 +73,13 @@ def require_gpu() -> str:
     """The GPU's device kind, or exits at once with ``no GPU: <why>``."""
     code = "import jax; d = jax.devices('gpu'); print(d[0].device_kind if d else '')"
     try:
-        r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         kind = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
         why = (r.stderr.strip().splitlines() or ["jax.devices('gpu') is empty"])[-1]
     except subprocess.TimeoutExpired:
@@ -99,36 +112,69 @@ def in_ranges() -> dict[str, dict]:
     out = {}
     for req in md.requires("jaxoff") or []:
         r = Requirement(req)
-        if r.marker is not None or r.name not in ("jax", "jaxlib", "flax", "optax",
-                                                  "orbax-checkpoint"):
+        if r.marker is not None or r.name not in (
+            "jax",
+            "jaxlib",
+            "flax",
+            "optax",
+            "orbax-checkpoint",
+        ):
             continue
         v = version(r.name)
-        out[r.name] = {"installed": v, "range": str(r.specifier),
-                       "inside": v is not None and r.specifier.contains(v, prereleases=True)}
+        out[r.name] = {
+            "installed": v,
+            "range": str(r.specifier),
+            "inside": v is not None and r.specifier.contains(v, prereleases=True),
+        }
     return out
 
 
 def part_env(out: Path, kind: str, a) -> None:
-    code = ("import json, jax, dataclasses; from jaxoff.aio import cuda_status; "
-            "d = jax.devices('gpu')[0]; s = cuda_status(); "
-            "print(json.dumps({'device_kind': d.device_kind, 'devices': len(jax.devices('gpu')),"
-            " 'memory_stats': d.memory_stats(), 'cuda_status': dataclasses.asdict(s)}))")
-    r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
-                       text=True, timeout=600)
-    rec = {"python": platform.python_version(), "machine": platform.machine(),
-           "versions": {d: version(d) for d in ("jax", "jaxlib", "jax-cuda13-plugin",
-                                                 "jax-cuda13-pjrt", "jax-cuda12-plugin",
-                                                 "flax", "optax", "orbax-checkpoint", "numpy",
-                                                 "jaxoff")},
-           "ranges": in_ranges(), "cpu_count": os.cpu_count()}
+    code = (
+        "import json, jax, dataclasses; from jaxoff.aio import cuda_status; "
+        "d = jax.devices('gpu')[0]; s = cuda_status(); "
+        "print(json.dumps({'device_kind': d.device_kind, 'devices': len(jax.devices('gpu')),"
+        " 'memory_stats': d.memory_stats(), 'cuda_status': dataclasses.asdict(s)}))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=600
+    )
+    rec = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "versions": {
+            d: version(d)
+            for d in (
+                "jax",
+                "jaxlib",
+                "jax-cuda13-plugin",
+                "jax-cuda13-pjrt",
+                "jax-cuda12-plugin",
+                "flax",
+                "optax",
+                "orbax-checkpoint",
+                "numpy",
+                "jaxoff",
+            )
+        },
+        "ranges": in_ranges(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         rec.update(json.loads(r.stdout.strip().splitlines()[-1]))
     except (IndexError, json.JSONDecodeError):
         rec["error"] = r.stderr[-2000:]
     if shutil.which("nvidia-smi"):
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
-                            "pcie.link.gen.max,pcie.link.width.max", "--format=csv,noheader"],
-                           capture_output=True, text=True)
+        q = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total,"
+                "pcie.link.gen.max,pcie.link.width.max",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+        )
         rec["nvidia_smi"] = q.stdout.strip()
     write_json(out / "env.json", rec)
 
@@ -137,17 +183,36 @@ def part_env(out: Path, kind: str, a) -> None:
 def part_tests(out: Path, kind: str, a) -> None:
     xml = out / "tests.xml"
     # Every gpu-marked test, and the CUDA build's own checks (unmarked: they run on CI too).
-    cmd = [sys.executable, "-m", "pytest", "tests/test_gpu.py", "tests/test_cuda_build.py",
-           "-rs", "-q", f"--junitxml={xml}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/test_gpu.py",
+        "tests/test_cuda_build.py",
+        "-rs",
+        "-q",
+        f"--junitxml={xml}",
+    ]
     t0 = time.perf_counter()
     try:
-        r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                           timeout=max(60, a.budget_s))
+        r = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=max(60, a.budget_s),
+        )
         rc, tail = r.returncode, (r.stdout + r.stderr)[-6000:]
     except subprocess.TimeoutExpired as e:
         rc, tail = "timeout", str(e.stdout or "")[-6000:]
-    rec = {"command": " ".join(["JAX_PLATFORMS=cuda,cpu"] + cmd[1:]), "returncode": rc,
-           "seconds": round(time.perf_counter() - t0, 1), "output_tail": tail, "cases": []}
+    rec = {
+        "command": " ".join(["JAX_PLATFORMS=cuda,cpu"] + cmd[1:]),
+        "returncode": rc,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "output_tail": tail,
+        "cases": [],
+    }
     if xml.exists():
         import xml.etree.ElementTree as ET
 
@@ -161,9 +226,14 @@ def part_tests(out: Path, kind: str, a) -> None:
                     break
             else:
                 rec_msg = ""
-            rec["cases"].append({"test": f"{case.get('classname')}::{case.get('name')}",
-                                 "outcome": outcome, "seconds": float(case.get("time", 0)),
-                                 "message": rec_msg})
+            rec["cases"].append(
+                {
+                    "test": f"{case.get('classname')}::{case.get('name')}",
+                    "outcome": outcome,
+                    "seconds": float(case.get("time", 0)),
+                    "message": rec_msg,
+                }
+            )
     write_json(out / "tests.json", rec)
 
 
@@ -174,8 +244,9 @@ def run_probe(args: dict, timeout: float) -> dict:
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     t0 = time.perf_counter()
     try:
-        r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                           timeout=max(30, timeout))
+        r = subprocess.run(
+            cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=max(30, timeout)
+        )
         lines = r.stdout.strip().splitlines()
         rec = json.loads(lines[-1]) if lines else {"ok": False, "error": r.stderr[-1500:]}
         if r.returncode not in (0,) and "error" not in rec:
@@ -186,8 +257,10 @@ def run_probe(args: dict, timeout: float) -> dict:
         rec = {"ok": False, "error": "probe printed no JSON"}
     rec["probe_args"] = args
     rec["wall_s"] = round(time.perf_counter() - t0, 1)
-    rec["command"] = " ".join(["JAX_PLATFORMS=cuda,cpu", "python", "bench/gpu_probe.py"]
-                              + [f"--{k.replace('_', '-')} {v}" for k, v in args.items()])
+    rec["command"] = " ".join(
+        ["JAX_PLATFORMS=cuda,cpu", "python", "bench/gpu_probe.py"]
+        + [f"--{k.replace('_', '-')} {v}" for k, v in args.items()]
+    )
     return rec
 
 
@@ -211,17 +284,29 @@ def sweep(out: Path, name: str, jobs: list[tuple[str, dict]], a, t_end: float) -
         rec["key"] = key
         probes.append(rec)
         write_json(path, {"part": name, "probes": probes, "left": left})
-        print(f"  ok={rec.get('ok')} peak={rec.get('peak_bytes_in_use')} "
-              f"step={rec.get('step_s_median')} s {rec.get('error', '')}", flush=True)
+        print(
+            f"  ok={rec.get('ok')} peak={rec.get('peak_bytes_in_use')} "
+            f"step={rec.get('step_s_median')} s {rec.get('error', '')}",
+            flush=True,
+        )
     write_json(path, {"part": name, "probes": probes, "left": left})
     if left:
-        print(f"{name}: budget spent; {len(left)} left ({', '.join(left)}): run the same "
-              f"command again to continue")
+        print(
+            f"{name}: budget spent; {len(left)} left ({', '.join(left)}): run the same "
+            f"command again to continue"
+        )
 
 
 def size_args(a, **over) -> dict:
-    d = dict(layers=a.layers, d_model=a.d_model, seq_len=a.seq_len, batch_size=a.batch_size,
-             steps=a.steps, dtype=a.dtype, policy="full")
+    d = dict(
+        layers=a.layers,
+        d_model=a.d_model,
+        seq_len=a.seq_len,
+        batch_size=a.batch_size,
+        steps=a.steps,
+        dtype=a.dtype,
+        policy="full",
+    )
     d.update(over)
     return d
 
@@ -243,8 +328,9 @@ def part_policies(out: Path, kind: str, a, t_end: float) -> None:
     from jaxoff.policy import PRESETS
 
     names = a.policies or list(PRESETS)
-    sweep(out, "policies", [(n, size_args(a, placement="device", policy=n)) for n in names],
-          a, t_end)
+    sweep(
+        out, "policies", [(n, size_args(a, placement="device", policy=n)) for n in names], a, t_end
+    )
 
 
 # ----------------------------------------------------------------------------- capacity
@@ -272,16 +358,21 @@ def next_layers(probes: list[dict], start: int, grow: float) -> int | None:
 def mfu(rec: dict, kind: str) -> float | None:
     for name, peaks in PEAK_FLOPS.items():
         if name in kind and rec.get("model_flops_per_s"):
-            return round(rec["model_flops_per_s"] / peaks.get(rec.get("dtype", "float32"),
-                                                             peaks["float32"]), 4)
+            return round(
+                rec["model_flops_per_s"] / peaks.get(rec.get("dtype", "float32"), peaks["float32"]),
+                4,
+            )
     return None
 
 
 def part_capacity(out: Path, kind: str, a, t_end: float) -> None:
     path = out / "capacity.json"
     data = json.loads(path.read_text()) if path.exists() else {"searches": {}}
-    plans = {"plain": "device"} if a.capacity_mode == "plain" else {
-        f"jaxoff:{p}": p for p in a.jaxoff_plans}
+    plans = (
+        {"plain": "device"}
+        if a.capacity_mode == "plain"
+        else {f"jaxoff:{p}": p for p in a.jaxoff_plans}
+    )
     for label, spec in plans.items():
         s = data["searches"].setdefault(label, {"spec": spec, "probes": []})
         while True:
@@ -290,11 +381,14 @@ def part_capacity(out: Path, kind: str, a, t_end: float) -> None:
                 s["done"] = True
                 break
             if time.perf_counter() > t_end:
-                print(f"capacity {label}: budget spent at {n} layers next; run the same "
-                      f"command again to continue")
+                print(
+                    f"capacity {label}: budget spent at {n} layers next; run the same "
+                    f"command again to continue"
+                )
                 break
-            args = placement_args(spec, a, layers=n, steps=a.capacity_steps,
-                                  d_model=a.capacity_d_model)
+            args = placement_args(
+                spec, a, layers=n, steps=a.capacity_steps, d_model=a.capacity_d_model
+            )
             print(f"capacity {label}: {n} layers ...", flush=True)
             rec = run_probe(args, t_end - time.perf_counter() + 60)
             if rec.get("timeout"):
@@ -306,27 +400,43 @@ def part_capacity(out: Path, kind: str, a, t_end: float) -> None:
             rec["fit"] = fits(rec, a.capacity_steps)
             rec["mfu"] = mfu(rec, kind)
             s["probes"].append(rec)
-            print(f"  fit={rec['fit']} params={rec.get('params')} "
-                  f"tok/s={rec.get('tokens_per_s')} {rec.get('error', '')}", flush=True)
+            print(
+                f"  fit={rec['fit']} params={rec.get('params')} "
+                f"tok/s={rec.get('tokens_per_s')} {rec.get('error', '')}",
+                flush=True,
+            )
             write_json(path, data)
         best = [p for p in s["probes"] if p["fit"]]
         s["largest"] = max(best, key=lambda p: p["layers"])["params"] if best else None
-    jaxoff = [s["largest"] for k, s in data["searches"].items()
-              if k.startswith("jaxoff:") and s.get("largest")]
+    jaxoff = [
+        s["largest"]
+        for k, s in data["searches"].items()
+        if k.startswith("jaxoff:") and s.get("largest")
+    ]
     plain = data["searches"].get("plain", {}).get("largest")
-    data["summary"] = {"plain_largest_params": plain,
-                       "jaxoff_largest_params": max(jaxoff) if jaxoff else None,
-                       "ratio": round(max(jaxoff) / plain, 3) if jaxoff and plain else None}
+    data["summary"] = {
+        "plain_largest_params": plain,
+        "jaxoff_largest_params": max(jaxoff) if jaxoff else None,
+        "ratio": round(max(jaxoff) / plain, 3) if jaxoff and plain else None,
+    }
     write_json(path, data)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="directory for the JSON records")
-    p.add_argument("--parts", nargs="+", default=["env", "tests"],
-                   choices=["env", "tests", "placements", "policies", "capacity"])
-    p.add_argument("--budget-s", type=float, default=540.0,
-                   help="stop starting probes after this many seconds (resume by rerunning)")
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        default=["env", "tests"],
+        choices=["env", "tests", "placements", "policies", "capacity"],
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="stop starting probes after this many seconds (resume by rerunning)",
+    )
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--d-model", type=int, default=2048)
     p.add_argument("--seq-len", type=int, default=1024)
@@ -337,8 +447,12 @@ def main(argv=None) -> None:
     p.add_argument("--placements", nargs="+", default=PLACEMENTS)
     p.add_argument("--policies", nargs="+", default=None)
     p.add_argument("--capacity-mode", choices=("plain", "jaxoff"), default="plain")
-    p.add_argument("--jaxoff-plans", nargs="+", default=["host_params_stream1"],
-                   help="placements (or paged:<placement>) searched for jaxoff's capacity")
+    p.add_argument(
+        "--jaxoff-plans",
+        nargs="+",
+        default=["host_params_stream1"],
+        help="placements (or paged:<placement>) searched for jaxoff's capacity",
+    )
     p.add_argument("--capacity-d-model", type=int, default=4096)
     p.add_argument("--capacity-start-layers", type=int, default=16)
     p.add_argument("--capacity-grow", type=float, default=1.5)
@@ -352,8 +466,9 @@ def main(argv=None) -> None:
         if part in ("env", "tests"):
             {"env": part_env, "tests": part_tests}[part](out, kind, a)
         else:
-            {"placements": part_placements, "policies": part_policies,
-             "capacity": part_capacity}[part](out, kind, a, t_end)
+            {"placements": part_placements, "policies": part_policies, "capacity": part_capacity}[
+                part
+            ](out, kind, a, t_end)
 
 
 if __name__ == "__main__":

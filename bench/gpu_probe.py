@@ -39,8 +39,11 @@ def gpu_devices():
     else:
         why = "jax.devices('gpu') is empty"
     if not devices:
-        print(f"no GPU: {why} (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}, "
-              f"backend {jax.default_backend()})", file=sys.stderr)
+        print(
+            f"no GPU: {why} (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}, "
+            f"backend {jax.default_backend()})",
+            file=sys.stderr,
+        )
         sys.exit(NO_GPU_EXIT)
     return devices
 
@@ -50,16 +53,27 @@ def model_config(layers: int, d_model: int, seq_len: int, policy: str | None, dt
     from jaxoff.nn import Stack
     from jaxoff.policy import resolve_policy
 
-    return GPTConfig(layers, d_model, max(1, d_model // 128), 4 * d_model, max_seq_len=seq_len,
-                     dtype=dtype, param_dtype=dtype, stack=Stack(policy=resolve_policy(policy)))
+    return GPTConfig(
+        layers,
+        d_model,
+        max(1, d_model // 128),
+        4 * d_model,
+        max_seq_len=seq_len,
+        dtype=dtype,
+        param_dtype=dtype,
+        stack=Stack(policy=resolve_policy(policy)),
+    )
 
 
 def memory_analysis(compiled) -> dict:
     m = compiled.memory_analysis()
     if m is None:
         return {}
-    return {k: int(getattr(m, k)) for k in dir(m)
-            if k.endswith("_in_bytes") and isinstance(getattr(m, k), int)}
+    return {
+        k: int(getattr(m, k))
+        for k in dir(m)
+        if k.endswith("_in_bytes") and isinstance(getattr(m, k), int)
+    }
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -81,10 +95,19 @@ def run(a: argparse.Namespace) -> dict:
         store = a.store_dir or tempfile.mkdtemp(prefix="jaxoff-gpu-probe-")
         tx = paged(tx, Path(store) / "opt", chunk_bytes=a.chunk_mib << 20)
         placement = with_paged_optimizer(placement)
-    rec: dict = {"placement": a.placement, "policy": a.policy, "optimizer": a.optimizer,
-                 "layers": a.layers, "d_model": a.d_model, "seq_len": a.seq_len,
-                 "batch_size": a.batch_size, "dtype": a.dtype, "device": dev.device_kind,
-                 "platform": dev.platform, "jax": jax.__version__}
+    rec: dict = {
+        "placement": a.placement,
+        "policy": a.policy,
+        "optimizer": a.optimizer,
+        "layers": a.layers,
+        "d_model": a.d_model,
+        "seq_len": a.seq_len,
+        "batch_size": a.batch_size,
+        "dtype": a.dtype,
+        "device": dev.device_kind,
+        "platform": dev.platform,
+        "jax": jax.__version__,
+    }
     t0 = time.perf_counter()
     graphdef, state = init_state(streamed_model(cfg, placement, None), tx, 0)
     step, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, None)
@@ -148,9 +171,12 @@ def main(argv=None) -> None:
     except SystemExit:
         raise
     except Exception as e:  # an OOM is a result (capacity), not a crash of the driver
-        rec = {**{k: v for k, v in vars(a).items() if k != "out"}, "ok": False,
-               "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500],
-               "oom": "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()}
+        rec = {
+            **{k: v for k, v in vars(a).items() if k != "out"},
+            "ok": False,
+            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500],
+            "oom": "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower(),
+        }
     line = json.dumps(rec)
     if a.out:
         Path(a.out).write_text(line + "\n")

@@ -193,6 +193,7 @@ def main(argv=None):
     )
     unregister_file_table(table)
     total = a.chunks * chunk_bytes
+
     def hidden_of(t, io):
         return (t_c + io - t) / min(t_c, io)
 
@@ -205,23 +206,36 @@ def main(argv=None):
         f"median of {a.reps}"
     )
     print(f"  compute only : {t_c * 1e3:8.1f} ms   (CPU {c_c * 1e3:7.1f} ms)")
-    print(f"  I/O only     : {t_io * 1e3:8.1f} ms   (CPU {c_io * 1e3:7.1f} ms)  "
-          f"({total / t_io / 1e9:.2f} GB/s)  page_in")
-    print(f"  I/O only     : {t_iof * 1e3:8.1f} ms   (CPU {c_iof * 1e3:7.1f} ms)  "
-          f"({total / t_iof / 1e9:.2f} GB/s)  prefetch/take")
+    print(
+        f"  I/O only     : {t_io * 1e3:8.1f} ms   (CPU {c_io * 1e3:7.1f} ms)  "
+        f"({total / t_io / 1e9:.2f} GB/s)  page_in"
+    )
+    print(
+        f"  I/O only     : {t_iof * 1e3:8.1f} ms   (CPU {c_iof * 1e3:7.1f} ms)  "
+        f"({total / t_iof / 1e9:.2f} GB/s)  prefetch/take"
+    )
     print(f"  sequential   : {(t_c + t_io) * 1e3:8.1f} ms   (compute + I/O, page_in)")
     print(f"  sequential   : {(t_c + t_iof) * 1e3:8.1f} ms   (compute + I/O, prefetch/take)")
     print(f"  pipelined    : {t_p * 1e3:8.1f} ms   (CPU {c_p * 1e3:7.1f} ms)  page_in in the body")
     print(f"  prefetched   : {t_f * 1e3:8.1f} ms   (CPU {c_f * 1e3:7.1f} ms)  prefetch/take")
     for label, t, io, h in (("page_in ", t_p, t_io, hidden), ("prefetch", t_f, t_iof, hidden_f)):
         which = "compute > io" if t_c > io else "io > compute: hides compute instead"
-        print(f"  {label}: pipelined / max(compute, io) = {t / max(t_c, io):.3f}   "
-              f"hidden {100 * h:3.0f}%  ({which})")
+        print(
+            f"  {label}: pipelined / max(compute, io) = {t / max(t_c, io):.3f}   "
+            f"hidden {100 * h:3.0f}%  ({which})"
+        )
     if not a.dir:
         os.remove(path)
         os.rmdir(root)
-    return dict(compute=t_c, io=t_io, pipelined=t_p, hidden=hidden, io_prefetch=t_iof,
-                prefetched=t_f, hidden_prefetch=hidden_f)
+    return dict(
+        compute=t_c,
+        io=t_io,
+        pipelined=t_p,
+        hidden=hidden,
+        io_prefetch=t_iof,
+        prefetched=t_f,
+        hidden_prefetch=hidden_f,
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,11 @@ def main():
     ap.add_argument("--params", type=int, default=50_000_000)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--chunk-mib", type=int, default=16)
-    ap.add_argument("--no-split", action="store_true",
-                    help="page_in/page_out pipeline (staging too small for split-phase paging)")
+    ap.add_argument(
+        "--no-split",
+        action="store_true",
+        help="page_in/page_out pipeline (staging too small for split-phase paging)",
+    )
     a = ap.parse_args()
     n = a.params // 4
     params = {f"w{i}": jnp.full((n,), 0.1 * (i + 1), jnp.float32) for i in range(4)}
@@ -60,9 +63,11 @@ def main():
     finally:
         shutil.rmtree(root, ignore_errors=True)
     total = 4 * n
-    print(f"params {total:,}  plain optax adamw {t_plain:.3f} s ({total / t_plain / 1e6:.0f} M/s)"
-          f"  paged adamw {t_paged:.3f} s ({total / t_paged / 1e6:.0f} M/s)"
-          f"  paged/plain {t_paged / t_plain:.2f}x  disk {16 * total / t_paged / 2**30:.2f} GiB/s")
+    print(
+        f"params {total:,}  plain optax adamw {t_plain:.3f} s ({total / t_plain / 1e6:.0f} M/s)"
+        f"  paged adamw {t_paged:.3f} s ({total / t_paged / 1e6:.0f} M/s)"
+        f"  paged/plain {t_paged / t_plain:.2f}x  disk {16 * total / t_paged / 2**30:.2f} GiB/s"
+    )
 
 
 if __name__ == "__main__":

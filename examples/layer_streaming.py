@@ -6,7 +6,6 @@ shows what the step exported for cuda looks like.
     python examples/layer_streaming.py
 """
 
-
 import jax
 import numpy as np
 import optax

@@ -1,6 +1,6 @@
 """Paged AdamW on a tiny MLP: bf16 parameters in RAM, fp32 master + moments in a page store.
 
-    python examples/paged_adamw.py /tmp/paged-example
+python examples/paged_adamw.py /tmp/paged-example
 """
 
 import sys
@@ -14,12 +14,15 @@ from jaxoff.optim import paged, update_and_apply
 
 def main(store_dir: str) -> None:
     k1, k2 = jax.random.split(jax.random.key(0))
-    params = {"w": (jax.random.normal(k1, (64, 64)) * 0.1).astype(jnp.bfloat16),
-              "b": jnp.zeros(64, jnp.bfloat16)}
+    params = {
+        "w": (jax.random.normal(k1, (64, 64)) * 0.1).astype(jnp.bfloat16),
+        "b": jnp.zeros(64, jnp.bfloat16),
+    }
     x = jax.random.normal(k2, (32, 64)).astype(jnp.bfloat16)
     # Global ops lead the chain: they run on the gradients in RAM before the paged pipeline.
-    tx = paged(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2)), store_dir,
-               chunk_bytes=4096)
+    tx = paged(
+        optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2)), store_dir, chunk_bytes=4096
+    )
     state = tx.init(params)
 
     @jax.jit

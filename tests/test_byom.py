@@ -30,9 +30,29 @@ def test_load_model_names_a_factory_and_counts_its_parameters():
 
 def test_train_from_the_command_line_with_loss_falling(tmp_path):
     out = tmp_path / "run"
-    args = ["train", "--model", SPEC, *SMALL, "--steps", "12", "--lr", "1e-2",
-            "--warmup-steps", "2", "--eval-every", "0", "--ckpt-every", "0",
-            "--no-progress", "--store", "none", "--policy", "full", "--out-dir", str(out)]
+    args = [
+        "train",
+        "--model",
+        SPEC,
+        *SMALL,
+        "--steps",
+        "12",
+        "--lr",
+        "1e-2",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "0",
+        "--ckpt-every",
+        "0",
+        "--no-progress",
+        "--store",
+        "none",
+        "--policy",
+        "full",
+        "--out-dir",
+        str(out),
+    ]
     assert main(args) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
@@ -41,9 +61,18 @@ def test_train_from_the_command_line_with_loss_falling(tmp_path):
 
 
 def test_train_from_python_with_a_model_object_paged_and_a_policy(tmp_path):
-    cfg = TrainConfig(batch_size=4, seq_len=32, steps=10, eval_every=0, ckpt_every=5,
-                      progress=False, store="auto", chunk_mib=1, out_dir=tmp_path / "run",
-                      policy="mixed=remat,ff_act=offload,*=device")
+    cfg = TrainConfig(
+        batch_size=4,
+        seq_len=32,
+        steps=10,
+        eval_every=0,
+        ckpt_every=5,
+        progress=False,
+        store="auto",
+        chunk_mib=1,
+        out_dir=tmp_path / "run",
+        policy="mixed=remat,ff_act=offload,*=device",
+    )
     result = train(cfg, model=MixerConfig(num_layers=2))
     assert len(result.losses) == 10 and all(np.isfinite(result.losses))
     assert any((tmp_path / "run" / "store").iterdir())  # optimizer state paged to disk
@@ -62,29 +91,92 @@ def test_policies_and_placements_act_on_the_models_own_names():
 
 def test_compare_policies_placements_and_strategies(tmp_path):
     out = tmp_path / "cmp"
-    assert main(["compare", "--model", SPEC, *SMALL, "--steps", "1", "--warmup", "1",
-                 "--policies", "none,full,mixed=remat;*=device", "--no-isolate",
-                 "--placements", "device,host_params_stream1", "--out-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--model",
+                SPEC,
+                *SMALL,
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                "--policies",
+                "none,full,mixed=remat;*=device",
+                "--no-isolate",
+                "--placements",
+                "device,host_params_stream1",
+                "--out-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads((out / "compare.json").read_text())["policies"]
     assert {(r["policy"], r["placement"]) for r in rows} >= {
-        ("none", "device"), ("full", "device"), ("full", "host_params_stream1")}
+        ("none", "device"),
+        ("full", "device"),
+        ("full", "host_params_stream1"),
+    }
     out = tmp_path / "strat"
-    assert main(["compare", "--model", SPEC, *SMALL, "--steps", "1", "--warmup", "1",
-                 "--strategies", "vdnn,chen_sqrt,l2l,zero_infinity,fuyou",
-                 "--device-mem", "64MiB", "--out-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--model",
+                SPEC,
+                *SMALL,
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                "--strategies",
+                "vdnn,chen_sqrt,l2l,zero_infinity,fuyou",
+                "--device-mem",
+                "64MiB",
+                "--out-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads((out / "compare.json").read_text())
     assert {r["strategy"] for r in record["strategies"]} == {
-        "vdnn", "chen_sqrt", "l2l", "zero_infinity", "fuyou"}, record["not_run"]
+        "vdnn",
+        "chen_sqrt",
+        "l2l",
+        "zero_infinity",
+        "fuyou",
+    }, record["not_run"]
 
 
 def test_plan_then_train_the_plan(tmp_path):
     plan = tmp_path / "plan.json"
-    assert main(["plan", "--model", SPEC, *SMALL, "--device-mem", "8MiB",
-                 "--out", str(plan)]) == 0
+    assert main(["plan", "--model", SPEC, *SMALL, "--device-mem", "8MiB", "--out", str(plan)]) == 0
     assert json.loads(plan.read_text())["model"] == SPEC
-    assert main(["train", "--model", SPEC, *SMALL, "--steps", "2", "--plan", str(plan),
-                 "--eval-every", "0", "--ckpt-every", "0", "--no-progress",
-                 "--out-dir", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                SPEC,
+                *SMALL,
+                "--steps",
+                "2",
+                "--plan",
+                str(plan),
+                "--eval-every",
+                "0",
+                "--ckpt-every",
+                "0",
+                "--no-progress",
+                "--out-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,8 +185,10 @@ def test_plan_then_train_the_plan(tmp_path):
         (["--model", "tests.byom_model:not_a_model"], "is not a model config"),
         (["--model", "tests.no_such_module:build"], "cannot import 'tests.no_such_module'"),
         (["--model", "tests.byom_model:nothing"], "has no 'nothing'"),
-        (["--model", "tests.byom_model:Unnamed", "--policy", "mixed=remat"],
-         "has no residual_names"),
+        (
+            ["--model", "tests.byom_model:Unnamed", "--policy", "mixed=remat"],
+            "has no residual_names",
+        ),
         (["--model", SPEC, "--positions", "rotary"], "has no positions field"),
     ],
 )
@@ -125,8 +219,17 @@ def test_train_on_a_token_file_and_refuse_ids_beyond_the_vocabulary(tmp_path):
 
     ids = load_corpus(max_bytes=1 << 16).astype(np.uint16)
     ids.tofile(tmp_path / "train.bin")  # nanoGPT's prepare.py format
-    args = dict(model="tiny", batch_size=2, seq_len=32, steps=3, eval_every=0, ckpt_every=0,
-                progress=False, store="none", data=tmp_path / "train.bin")
+    args = dict(
+        model="tiny",
+        batch_size=2,
+        seq_len=32,
+        steps=3,
+        eval_every=0,
+        ckpt_every=0,
+        progress=False,
+        store="none",
+        data=tmp_path / "train.bin",
+    )
     result = train(TrainConfig(**args, out_dir=tmp_path / "a"))
     assert len(result.losses) == 3 and all(np.isfinite(result.losses))
     big = ids.copy()

@@ -20,8 +20,16 @@ def capacity():
 
 
 def test_paged_probe_of_a_tiny_model_reports_its_record(capacity, tmp_path):
-    r = capacity.probe("paged", 2, d_model=128, seq_len=32, steps=2, mem_limit_gib=3,
-                       store_dir=str(tmp_path), timeout_s=120)
+    r = capacity.probe(
+        "paged",
+        2,
+        d_model=128,
+        seq_len=32,
+        steps=2,
+        mem_limit_gib=3,
+        store_dir=str(tmp_path),
+        timeout_s=120,
+    )
     assert r["fits"] is True, r.get("why")
     assert r["status"] == "ok" and r["returncode"] == 0
     assert r["params"] == capacity.num_params(2, 128, 32) > 0
@@ -40,8 +48,17 @@ def test_paged_probe_of_a_tiny_model_reports_its_record(capacity, tmp_path):
 
 
 def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
-    r = capacity.probe("fuyou", 3, d_model=128, seq_len=32, steps=2, mem_limit_gib=3,
-                       store_dir=str(tmp_path), timeout_s=180, slots=1)
+    r = capacity.probe(
+        "fuyou",
+        3,
+        d_model=128,
+        seq_len=32,
+        steps=2,
+        mem_limit_gib=3,
+        store_dir=str(tmp_path),
+        timeout_s=180,
+        slots=1,
+    )
     assert r["fits"] is True, r.get("why")
     assert r["slots"] == 1 and r["store_bytes_needed"] == 12 * r["params"]
     # one slot: chunk-padded, but less than the two slots of the paged probe
@@ -52,8 +69,16 @@ def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
 
 
 def test_probe_over_the_memory_limit_is_stopped_and_does_not_fit(capacity, tmp_path):
-    r = capacity.probe("plain", 2, d_model=128, seq_len=32, steps=2, mem_limit_gib=0.25,
-                       store_dir=str(tmp_path), timeout_s=120)
+    r = capacity.probe(
+        "plain",
+        2,
+        d_model=128,
+        seq_len=32,
+        steps=2,
+        mem_limit_gib=0.25,
+        store_dir=str(tmp_path),
+        timeout_s=120,
+    )
     assert r["fits"] is False
     assert r["status"] == "killed" and r["returncode"] == 3
     assert r["why"].startswith("over-limit")

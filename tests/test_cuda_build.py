@@ -34,7 +34,8 @@ def toolkit_on_this_machine() -> str | None:
         if os.environ.get(env) and os.path.isdir(os.environ[env]):
             return os.environ[env]
     return shutil.which("nvcc") or (
-        "/usr/local/cuda" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+        "/usr/local/cuda" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
+    )
 
 
 def test_cuda_module_built_wherever_a_toolkit_is():
@@ -106,8 +107,9 @@ def simulate_gpu_without_cuda_module(monkeypatch, default_is_gpu=True):
     """What register_targets sees on a GPU machine whose jaxoff was built without CUDA."""
     monkeypatch.setattr(_cuda, "gpu_backend_present", lambda: True)
     monkeypatch.setattr(_cuda, "module", lambda: None)
-    monkeypatch.setattr(_cuda, "missing_reason",
-                        lambda: "jaxoff was built without CUDA (JAXOFF_CUDA=off)")
+    monkeypatch.setattr(
+        _cuda, "missing_reason", lambda: "jaxoff was built without CUDA (JAXOFF_CUDA=off)"
+    )
     monkeypatch.setattr(_cuda, "default_is_gpu", lambda: default_is_gpu)
     monkeypatch.setattr(_ffi_calls, "_cuda_checked", False)
     monkeypatch.setattr(_ffi_calls, "_cuda_missing", "")
@@ -116,10 +118,10 @@ def simulate_gpu_without_cuda_module(monkeypatch, default_is_gpu=True):
 CALLS = {
     "jaxoff_page_in": lambda x, t: page_in("nt", 0, 0, 0, t, shape=x.shape, dtype=x.dtype),
     "jaxoff_page_out": lambda x, t: page_out("nt", 0, 0, x, t),
-    "jaxoff_page_prefetch": lambda x, t: page_prefetch("nt", 0, 0, 0, t, shape=x.shape,
-                                                       dtype=x.dtype),
-    "jaxoff_page_take": lambda x, t: page_take("nt", jnp.int32(1), t, shape=x.shape,
-                                               dtype=x.dtype),
+    "jaxoff_page_prefetch": lambda x, t: page_prefetch(
+        "nt", 0, 0, 0, t, shape=x.shape, dtype=x.dtype
+    ),
+    "jaxoff_page_take": lambda x, t: page_take("nt", jnp.int32(1), t, shape=x.shape, dtype=x.dtype),
     "jaxoff_page_flush": lambda x, t: page_flush("nt", t),
 }
 
@@ -155,8 +157,11 @@ def test_store_on_a_filesystem_without_o_direct_falls_back_to_buffered(tmp_path)
     os.makedirs(d, exist_ok=True)
     name = f"shm_{os.getpid()}"
     try:
-        register_file_table(name, [os.path.join(d, "a.page")],
-                            config=EngineConfig(o_direct=True, pool_bytes=1 << 20))
+        register_file_table(
+            name,
+            [os.path.join(d, "a.page")],
+            config=EngineConfig(o_direct=True, pool_bytes=1 << 20),
+        )
         x = jnp.asarray(np.arange(3000, dtype=np.float32))
 
         @jax.jit
@@ -180,7 +185,11 @@ def configure(tmp_path, mode, *extra):
     build = tmp_path / f"b-{mode}-{len(extra)}"
     return subprocess.run(
         [cmake, "-S", FFI_DIR, "-B", str(build), "-DJAXOFF_BUILD_PYTHON=OFF", *extra],
-        env=env, capture_output=True, text=True, timeout=600)
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.subprocess

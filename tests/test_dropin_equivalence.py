@@ -105,8 +105,10 @@ def distance(a, b) -> tuple[float, float]:
 def test_paged_training_stays_within_the_noise_floor_of_optax(tmp_path):
     data = _data()
     plain = run_whole(make_tx(), data)
-    floors = [distance(run_split(make_tx(), data), plain), distance(run_leaf(make_tx(), data),
-                                                                    plain)]
+    floors = [
+        distance(run_split(make_tx(), data), plain),
+        distance(run_leaf(make_tx(), data), plain),
+    ]
     floor_params = max(f[0] for f in floors)
     floor_loss = max(f[1] for f in floors)
     assert floor_params > 0  # plain optax is not bitwise stable: there is a floor to measure
@@ -126,7 +128,8 @@ def test_the_floor_test_can_fail(tmp_path):
     plain = run_whole(make_tx(), data)
     floor = distance(run_split(make_tx(), data), plain)[0]
     lr = optax.warmup_cosine_decay_schedule(0.0, 1e-2, 20, STEPS, end_value=1e-3)
-    other = paged(optax.adamw(lr, b1=0.9, b2=0.951, weight_decay=0.1), tmp_path / "s",
-                  chunk_bytes=4096)
+    other = paged(
+        optax.adamw(lr, b1=0.9, b2=0.951, weight_decay=0.1), tmp_path / "s", chunk_bytes=4096
+    )
     assert distance(run_whole(other, data, paged_apply=True), plain)[0] > 10 * FACTOR * floor
     other.close()

@@ -40,7 +40,8 @@ class CNN(nnx.Module):
 def loss_fn(model: CNN, batch):
     logits = model(batch["image"])
     loss = optax.softmax_cross_entropy_with_integer_labels(
-        logits=logits, labels=batch["label"]).mean()
+        logits=logits, labels=batch["label"]
+    ).mean()
     return loss, logits
 
 
@@ -55,8 +56,10 @@ def train_step(model: CNN, optimizer: nnx.Optimizer, metrics: nnx.MultiMetric, b
 
 def mnist_batch(step, n=16):
     k1, k2 = jax.random.split(jax.random.key(1000 + step))
-    return {"image": jax.random.normal(k1, (n, 16, 16, 1)),
-            "label": jax.random.randint(k2, (n,), 0, 10)}
+    return {
+        "image": jax.random.normal(k1, (n, 16, 16, 1)),
+        "label": jax.random.randint(k2, (n,), 0, 10),
+    }
 
 
 def nnx_run(tx, steps, start=None):
@@ -103,8 +106,10 @@ def test_nnx_optimizer_checkpoint_manager(tmp_path):
     for step in range(8):
         train_step(model, optimizer, metrics, mnist_batch(step))
         if step == 3:
-            mngr.save(4, args=PagedSave(tx, {"model": nnx.state(model),
-                                             "optimizer": nnx.state(optimizer)}))
+            mngr.save(
+                4,
+                args=PagedSave(tx, {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}),
+            )
             mngr.wait_until_finished()
         params_at[step + 1] = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
     # Restore step 4 into the live objects, and train steps 4..7 again.
@@ -116,8 +121,9 @@ def test_nnx_optimizer_checkpoint_manager(tmp_path):
     assert int(optimizer.step[...]) == 4
     for step in range(4, 8):
         train_step(model, optimizer, metrics, mnist_batch(step))
-    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(params_at[8]),
-                    strict=True):
+    for a, b in zip(
+        jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(params_at[8]), strict=True
+    ):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     mngr.close()
     tx.close()
@@ -134,8 +140,9 @@ class MLP(linen.Module):
 @jax.jit
 def linen_step(state: train_state.TrainState, batch):
     def loss(params):
-        logits = state.apply_fn({"params": params}, batch["image"].reshape(batch["image"].shape[0],
-                                                                          -1))
+        logits = state.apply_fn(
+            {"params": params}, batch["image"].reshape(batch["image"].shape[0], -1)
+        )
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
 
     value, grads = jax.value_and_grad(loss)(state.params)
@@ -182,8 +189,10 @@ def test_checkpoint_manager_save_train_restore_train(tmp_path, composite):
 
     def save_args(s):
         if composite:
-            return ocp.args.Composite(params=ocp.args.StandardSave(s.params),
-                                      train=PagedSave(tx, {"step": s.step, "opt": s.opt_state}))
+            return ocp.args.Composite(
+                params=ocp.args.StandardSave(s.params),
+                train=PagedSave(tx, {"step": s.step, "opt": s.opt_state}),
+            )
         return PagedSave(tx, s)
 
     mngr.save(4, args=save_args(state))
@@ -193,11 +202,16 @@ def test_checkpoint_manager_save_train_restore_train(tmp_path, composite):
     assert tx.store.version == version_at_save + 5
     abstract = jax.eval_shape(lambda: state)
     if composite:
-        r = mngr.restore(4, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract.params),
-            train=PagedRestore(tx, {"step": abstract.step, "opt": abstract.opt_state})))
-        restored = state.replace(step=r["train"]["step"], params=r["params"],
-                                 opt_state=r["train"]["opt"])
+        r = mngr.restore(
+            4,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract.params),
+                train=PagedRestore(tx, {"step": abstract.step, "opt": abstract.opt_state}),
+            ),
+        )
+        restored = state.replace(
+            step=r["train"]["step"], params=r["params"], opt_state=r["train"]["opt"]
+        )
     else:
         restored = mngr.restore(4, args=PagedRestore(tx, abstract))
     assert tx.store.version > version_at_save + 5

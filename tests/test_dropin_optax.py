@@ -40,20 +40,23 @@ SETUPS = {
     "adamw-schedule": lambda: optax.adamw(LR, b1=0.9, b2=0.95, weight_decay=0.1),
     "adamw-exp-decay": lambda: optax.adamw(optax.exponential_decay(1e-2, 3, 0.5)),
     "inject-hyperparams-adamw": lambda: optax.inject_hyperparams(optax.adamw)(
-        learning_rate=LR, weight_decay=0.1),
+        learning_rate=LR, weight_decay=0.1
+    ),
     "schedule-free-adamw": lambda: optax.contrib.schedule_free_adamw(1e-2, warmup_steps=3),
     "multi-transform": lambda: optax.multi_transform(
-        {"matrices": optax.adamw(1e-2, weight_decay=0.1),
-         "vectors": optax.sgd(1e-2, momentum=0.9)}, _groups),
+        {"matrices": optax.adamw(1e-2, weight_decay=0.1), "vectors": optax.sgd(1e-2, momentum=0.9)},
+        _groups,
+    ),
     "multi-steps": lambda: optax.MultiSteps(optax.adam(1e-2), every_k_schedule=3),
-    "masked-adam": lambda: optax.chain(optax.masked(optax.adam(1e-2), _rank_mask),
-                                       optax.masked(optax.sgd(1e-3), lambda p: jax.tree.map(
-                                           lambda m: not m, _rank_mask(p)))),
+    "masked-adam": lambda: optax.chain(
+        optax.masked(optax.adam(1e-2), _rank_mask),
+        optax.masked(optax.sgd(1e-3), lambda p: jax.tree.map(lambda m: not m, _rank_mask(p))),
+    ),
     "lion": lambda: optax.lion(LR, weight_decay=0.1),
     "sgd-nesterov": lambda: optax.sgd(LR, momentum=0.9, nesterov=True),
-    "adam+decayed-weights": lambda: optax.chain(optax.scale_by_adam(),
-                                                optax.add_decayed_weights(1e-2),
-                                                optax.scale_by_learning_rate(LR)),
+    "adam+decayed-weights": lambda: optax.chain(
+        optax.scale_by_adam(), optax.add_decayed_weights(1e-2), optax.scale_by_learning_rate(LR)
+    ),
     "nadam": lambda: optax.adam(1e-2, nesterov=True),
     "amsgrad": lambda: optax.amsgrad(1e-2),
     "adabelief": lambda: optax.adabelief(1e-2),
@@ -69,8 +72,10 @@ WITHIN_FLOOR_ONLY = {"nadam"}
 
 
 def _max_diff(a, b) -> float:
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16-master"])
@@ -90,8 +95,9 @@ def test_setup_matches_optax(tmp_path, name, dtype):
     if isinstance(inner, optax.MultiSteps):
         inner = inner.gradient_transformation()
     tx = paged(make(), tmp_path / "s", chunk_bytes=4096)
-    want, ref_master, ref_moments = run_reference(inner, mlp_params(dtype), STEPS, clip,
-                                                  dtype=dtype)
+    want, ref_master, ref_moments = run_reference(
+        inner, mlp_params(dtype), STEPS, clip, dtype=dtype
+    )
     got, state, step = run(tx, mlp_params(dtype), STEPS, dtype=dtype, fused=True)
     assert step._cache_size() == 1
     if bf16:  # the user's whole-tree bf16 step has no fp32 master: only the reference counts
@@ -119,11 +125,23 @@ def test_setup_matches_optax(tmp_path, name, dtype):
         (lambda: optax.apply_if_finite(optax.adam(1e-3), 3), "all gradients at once"),
         (lambda: optax.contrib.muon(1e-3), "orthogonalises whole matrices"),
         (lambda: optax.MultiSteps(optax.lamb(1e-3), 2), "trust_ratio"),
-        (lambda: optax.multi_transform({"a": optax.adafactor(1e-3), "b": optax.adam(1e-3)},
-                                       _groups_ab), "factored"),
+        (
+            lambda: optax.multi_transform(
+                {"a": optax.adafactor(1e-3), "b": optax.adam(1e-3)}, _groups_ab
+            ),
+            "factored",
+        ),
     ],
-    ids=["lamb", "lars", "adafactor", "novograd", "apply_if_finite", "muon", "multisteps-lamb",
-         "multi-transform-adafactor"],
+    ids=[
+        "lamb",
+        "lars",
+        "adafactor",
+        "novograd",
+        "apply_if_finite",
+        "muon",
+        "multisteps-lamb",
+        "multi-transform-adafactor",
+    ],
 )
 def test_refusal_names_the_cause(tmp_path, make, cause):
     with pytest.raises(NotElementwiseError, match=cause):  # at paged() or at init
@@ -138,6 +156,7 @@ def _groups_ab(p):
 def test_large_ram_state_names_chunk_bytes(tmp_path):
     """A state that is not shaped like the parameters is kept in RAM; more than a chunk of it
     is refused with the sizes, not as 'not element-wise'."""
+
     def init(p):
         return {"history": jnp.zeros((4096,), jnp.float32)}
 
@@ -166,9 +185,11 @@ def test_tree_utils_see_count_and_hyperparams(tmp_path):
     assert int(state.inner_state.count) == 3
     assert float(otu.tree_get(state, "learning_rate")) == pytest.approx(1e-2)
     # The same keys as plain optax, in the same places; moments are PagedTensors nodes.
-    assert (jax.tree_util.tree_structure(jax.tree.map(lambda x: 0, otu.tree_get(
-        state, "hyperparams"))) == jax.tree_util.tree_structure(jax.tree.map(
-            lambda x: 0, otu.tree_get(plain_state, "hyperparams"))))
+    assert jax.tree_util.tree_structure(
+        jax.tree.map(lambda x: 0, otu.tree_get(state, "hyperparams"))
+    ) == jax.tree_util.tree_structure(
+        jax.tree.map(lambda x: 0, otu.tree_get(plain_state, "hyperparams"))
+    )
     mu = state.inner_state.inner_state[0].mu
     assert isinstance(mu, PagedTensors) and len(mu.entries) == 5
     text = repr(state)

@@ -276,10 +276,15 @@ def test_backend_env_var_selects_backend(tmp_path, backend):
 
 # ---- split phase: page_prefetch / page_take, write-behind page_out, page_flush -------------
 
+
 def assert_no_staging_held(name):
     s = file_table_stats(name)
     assert (s["tickets"], s["reads_in_flight"], s["writes_in_flight"], s["staging_in_use"]) == (
-        0, 0, 0, 0), s
+        0,
+        0,
+        0,
+        0,
+    ), s
     assert s["staging_allocated"] <= s["budget"]
 
 
@@ -333,8 +338,7 @@ def test_prefetch_in_scan_with_ticket_in_carry_and_several_outstanding(table):
             return page_take(name, t, tok, shape=(size,), dtype=jnp.float32)
 
         # Three tickets outstanding at once: the prologue prefetches chunks 0 and 1.
-        t0 = page_prefetch(name, 0, offs[0], crcs[0], new_token(), shape=(size,),
-                           dtype=jnp.float32)
+        t0 = page_prefetch(name, 0, offs[0], crcs[0], new_token(), shape=(size,), dtype=jnp.float32)
         t1 = page_prefetch(name, 0, offs[1], crcs[1], t0, shape=(size,), dtype=jnp.float32)
 
         def body(carry, xs):
@@ -376,8 +380,9 @@ def test_read_error_is_reported_at_take_with_path_and_offset(table):
 
     @jax.jit
     def read():
-        t = page_prefetch(name, 1, 1 << 30, 0, new_token(), shape=(1024,), dtype=jnp.float32,
-                          verify=False)
+        t = page_prefetch(
+            name, 1, 1 << 30, 0, new_token(), shape=(1024,), dtype=jnp.float32, verify=False
+        )
         return page_take(name, t, new_token(), shape=(1024,), dtype=jnp.float32)[0]
 
     with pytest.raises(Exception, match=r"(?s)jaxoff_page_take.*f1\.page.*1073741824"):
@@ -393,13 +398,17 @@ def test_pool_exhaustion_names_pool_bytes_and_drain_reclaims(table):
 
     @jax.jit
     def leak():  # a ticket nobody takes
-        return page_prefetch(name, 0, 0, 0, new_token(), shape=(n,), dtype=jnp.float32,
-                             verify=False)
+        return page_prefetch(
+            name, 0, 0, 0, new_token(), shape=(n,), dtype=jnp.float32, verify=False
+        )
 
     jax.block_until_ready(leak())
     assert file_table_stats(name)["tickets"] == 1
-    with pytest.raises(Exception, match=r"(?s)RESOURCE_EXHAUSTED.*pool_bytes = 2097152.*"
-                                         r"1 prefetched chunks not yet taken.*drain_prefetches"):
+    with pytest.raises(
+        Exception,
+        match=r"(?s)RESOURCE_EXHAUSTED.*pool_bytes = 2097152.*"
+        r"1 prefetched chunks not yet taken.*drain_prefetches",
+    ):
         jax.block_until_ready(leak())
     assert drain_prefetches(name) == 1
     assert_no_staging_held(name)

@@ -15,8 +15,16 @@ LR = optax.warmup_cosine_decay_schedule(0.0, 3e-2, 5, 30, end_value=3e-3)
 STEPS = 20
 # Sizes around the vector widths (4/8/16 floats), one element, empty, and a leaf large enough
 # (> 2**18 elements) to be split between threads.
-SIZES = {"empty": (0,), "one": (1,), "scalar": (), "v7": (7,), "v16": (16,), "v17": (17,),
-         "m": (33, 5), "big": (2**19 + 13,)}
+SIZES = {
+    "empty": (0,),
+    "one": (1,),
+    "scalar": (),
+    "v7": (7,),
+    "v16": (16,),
+    "v17": (17,),
+    "m": (33, 5),
+    "big": (2**19 + 13,),
+}
 
 
 def make_params(sizes=SIZES, seed=0, dtype=F32):
@@ -27,15 +35,23 @@ def make_params(sizes=SIZES, seed=0, dtype=F32):
 def make_grads(params, step):
     rng = np.random.default_rng(1000 + step)
     # magnitudes from 1e-4 to 10, so mu and p + u see cancellations and large steps
-    return {k: (rng.standard_normal(np.shape(params[k])) * 10 ** rng.uniform(-4, 1))
-            .astype(params[k].dtype) for k in sorted(params)}  # jit returns dicts sorted
+    return {
+        k: (rng.standard_normal(np.shape(params[k])) * 10 ** rng.uniform(-4, 1)).astype(
+            params[k].dtype
+        )
+        for k in sorted(params)
+    }  # jit returns dicts sorted
 
 
 def _scalars(count):
     """(r1, r2, -lr) for the update that makes step ``count + 1``: optax's expressions, jitted."""
-    f = jax.jit(lambda c: (1 / (1 - B1 ** (c + 1)).astype(jnp.float32),
-                           1 / (1 - B2 ** (c + 1)).astype(jnp.float32),
-                           jnp.asarray(-1 * LR(c), jnp.float32)))
+    f = jax.jit(
+        lambda c: (
+            1 / (1 - B1 ** (c + 1)).astype(jnp.float32),
+            1 / (1 - B2 ** (c + 1)).astype(jnp.float32),
+            jnp.asarray(-1 * LR(c), jnp.float32),
+        )
+    )
     return tuple(np.asarray(x) for x in f(jnp.int32(count)))
 
 
@@ -89,9 +105,11 @@ def test_mask_and_zero_weight_decay_change_the_result():
     params = make_params({"a": (100,)})
     g = jax.tree.map(jnp.asarray, make_grads(params, 0))
     results = {}
-    for name, tx in {"decay": fused_adamw(0.1, weight_decay=0.5),
-                     "masked": fused_adamw(0.1, weight_decay=0.5, mask={"a": False}),
-                     "zero": fused_adamw(0.1, weight_decay=0.0)}.items():
+    for name, tx in {
+        "decay": fused_adamw(0.1, weight_decay=0.5),
+        "masked": fused_adamw(0.1, weight_decay=0.5, mask={"a": False}),
+        "zero": fused_adamw(0.1, weight_decay=0.0),
+    }.items():
         p = jax.tree.map(jnp.asarray, params)
         results[name] = np.asarray(tx.apply(g, tx.init(p), p)[0]["a"])
     assert not np.array_equal(results["decay"], results["masked"])
@@ -241,11 +259,24 @@ def test_kernel_rejects_bad_operands():
     x = jnp.ones((8,))
     call = jax.ffi.ffi_call("jaxoff_adamw", (jax.ShapeDtypeStruct((8,), jnp.float32),) * 3)
     with pytest.raises(Exception, match="INVALID_ARGUMENT.*jaxoff_adamw: hyper must be"):
-        jax.block_until_ready(call(x, x, x, x, jnp.ones((3,)), mode=np.int64(0),
-                                   decay=np.int64(1), threads=np.int64(0)))
+        jax.block_until_ready(
+            call(
+                x, x, x, x, jnp.ones((3,)), mode=np.int64(0), decay=np.int64(1), threads=np.int64(0)
+            )
+        )
     with pytest.raises(Exception, match="jaxoff_adamw: the moments mu and nu must be float32"):
-        jax.block_until_ready(call(x, x, x.astype(jnp.bfloat16), x, jnp.ones((9,)),
-                                   mode=np.int64(0), decay=np.int64(1), threads=np.int64(0)))
+        jax.block_until_ready(
+            call(
+                x,
+                x,
+                x.astype(jnp.bfloat16),
+                x,
+                jnp.ones((9,)),
+                mode=np.int64(0),
+                decay=np.int64(1),
+                threads=np.int64(0),
+            )
+        )
 
 
 def test_weight_decay_schedule_matches_optax():

@@ -97,8 +97,11 @@ def _loops_with_io_and_dots(hlo: str) -> int:
             return ""
         seen.add(name)
         body = comps[name]
-        called = re.findall(r"(?:to_apply|body|condition|calls|branch_computations)=\{?%?"
-                            r"([\w.\-]+)", body)
+        called = re.findall(
+            r"(?:to_apply|body|condition|calls|branch_computations)=\{?%?"
+            r"([\w.\-]+)",
+            body,
+        )
         return body + "".join(closure(c, seen) for c in called)
 
     bodies = re.findall(r"while\(.*?body=%?([\w.\-]+)", hlo)
@@ -125,8 +128,10 @@ def test_clipping_is_refused(tmp_path):
     cfg = config("float32")
     graphdef, _ = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
     clip = optax.clip_by_global_norm(1.0)
-    for tx in (paged(optax.chain(clip, inner()), tmp_path / "a", chunk_bytes=CHUNK),
-               optax.chain(clip, paged(inner(), tmp_path / "b", chunk_bytes=CHUNK))):
+    for tx in (
+        paged(optax.chain(clip, inner()), tmp_path / "a", chunk_bytes=CHUNK),
+        optax.chain(clip, paged(inner(), tmp_path / "b", chunk_bytes=CHUNK)),
+    ):
         msg = r"needs every gradient.*--clip-norm 0.*zero_infinity \(update after backward\)"
         with pytest.raises(ConfigError, match=msg):
             make_fuyou_step(graphdef, cfg, tx)
@@ -135,9 +140,11 @@ def test_clipping_is_refused(tmp_path):
 def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
     """Given the blocks' bits, the step updates them in place: its temporaries do not grow
     with the model's depth. Same arithmetic as given floats."""
+
     def bits_setup(layers, root):
-        cfg = dataclasses.replace(config("bfloat16"), num_layers=layers, d_model=512,
-                                  num_heads=4, d_ff=2048)
+        cfg = dataclasses.replace(
+            config("bfloat16"), num_layers=layers, d_model=512, num_heads=4, d_ff=2048
+        )
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         tx = paged(inner(), root, chunk_bytes=CHUNK, slots=1)
         opt = fuyou_init(cfg, tx, params)
@@ -145,8 +152,7 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
         bits = blocks_to_bits(params)
         assert {x.dtype for x in jax.tree.leaves(bits["blocks"])} == {np.dtype(np.uint16)}
         state = TrainState(jnp.zeros((), jnp.int32), bits, opt)
-        step = jax.jit(make_fuyou_step(graphdef, cfg, tx, blocks_as_bits=True),
-                       donate_argnums=0)
+        step = jax.jit(make_fuyou_step(graphdef, cfg, tx, blocks_as_bits=True), donate_argnums=0)
         temp = step.lower(state, *batch(0)).compile().memory_analysis().temp_size_in_bytes
         return cfg, tx, state, step, temp, blocks_bytes
 

@@ -51,8 +51,10 @@ def _no_gpu_reason() -> str | None:
         why = "jax.devices('gpu') is empty"
     except RuntimeError as e:
         why = str(e).splitlines()[0]
-    return (f"no CUDA device: {why} (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}; "
-            f"on a GPU machine run with JAX_PLATFORMS=cuda,cpu)")
+    return (
+        f"no CUDA device: {why} (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}; "
+        f"on a GPU machine run with JAX_PLATFORMS=cuda,cpu)"
+    )
 
 
 NO_GPU = _no_gpu_reason()
@@ -69,8 +71,9 @@ def gpu():
 @pytest.fixture
 def table(tmp_path):
     name = f"gpu_{os.getpid()}_{id(tmp_path)}"
-    register_file_table(name, [tmp_path / "a.page", tmp_path / "b.page"],
-                        config=EngineConfig(pool_bytes=64 << 20))
+    register_file_table(
+        name, [tmp_path / "a.page", tmp_path / "b.page"], config=EngineConfig(pool_bytes=64 << 20)
+    )
     yield name
     unregister_file_table(name)
 
@@ -85,8 +88,10 @@ def test_cuda_paging_targets_registered(gpu):
     assert s.runtime["device_count"] >= 1 and not s.runtime["error"], s.runtime
 
 
-@pytest.mark.parametrize("dtype, n", [(jnp.float32, 1), (jnp.float32, 3_000_001),
-                                      (jnp.bfloat16, 4096 * 7 + 3), (jnp.int8, 12345)])
+@pytest.mark.parametrize(
+    "dtype, n",
+    [(jnp.float32, 1), (jnp.float32, 3_000_001), (jnp.bfloat16, 4096 * 7 + 3), (jnp.int8, 12345)],
+)
 def test_page_out_in_roundtrip_on_gpu(gpu, table, dtype, n):
     x = jnp.asarray(np.random.default_rng(n).standard_normal(n) * 50).astype(dtype)
     slot = -(-x.nbytes // 4096) * 4096
@@ -115,8 +120,7 @@ def test_checksum_mismatch_on_gpu_is_data_loss(gpu, table):
     x = jnp.arange(5000.0, dtype=jnp.float32)
     crc, _ = jax.jit(lambda x: page_out(table, 0, 0, x, new_token()))(x)
     bad = jnp.uint32((int(crc) + 1) & 0xFFFFFFFF)
-    read = jax.jit(lambda c: page_in(table, 0, 0, c, new_token(), shape=x.shape,
-                                     dtype=x.dtype)[0])
+    read = jax.jit(lambda c: page_in(table, 0, 0, c, new_token(), shape=x.shape, dtype=x.dtype)[0])
     with pytest.raises(Exception, match="checksum mismatch") as e:
         read(bad).block_until_ready()
     assert "DATA_LOSS" in str(e.value)
@@ -136,8 +140,9 @@ except Exception as e:
     print("ERR", str(e).splitlines()[-1] if str(e) else e)
 """
     env = dict(os.environ, JAXOFF_CUDA_PINNED_MAX_BYTES=str(8 << 20))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert "ERR" in r.stdout, r.stdout + r.stderr
     assert "page-locked staging would exceed JAXOFF_CUDA_PINNED_MAX_BYTES" in r.stdout
 
@@ -190,7 +195,10 @@ def test_host_placement_lowers_device_peak():
     moments = 2 * device["param_bytes"]  # AdamW's mu and nu, float32
     # The moments left the device (at least half of them, whatever XLA's temporaries).
     assert host_opt["peak_bytes_in_use"] <= device["peak_bytes_in_use"] - moments // 2, (
-        host_opt["peak_bytes_in_use"], device["peak_bytes_in_use"], moments)
+        host_opt["peak_bytes_in_use"],
+        device["peak_bytes_in_use"],
+        moments,
+    )
     assert host_params["peak_bytes_in_use"] <= device["peak_bytes_in_use"] - moments // 2
     # Same numbers: placement moves bytes, not arithmetic.
     assert host_opt["losses"] == device["losses"]

@@ -74,6 +74,7 @@ def run_reference(inner, params, steps, clip=None, dtype=jnp.float32):
     master = [{"x": x.astype(jnp.float32)} for x in leaves]
     states = [inner.init(m) for m in master]
     clip_state = clip.init(params) if clip is not None else None
+
     @jax.jit
     def grad_fn(p, x, y, clip_state):
         g = jax.lax.optimization_barrier(jax.grad(loss_fn)(p, x.astype(dtype), y))
@@ -89,8 +90,9 @@ def run_reference(inner, params, steps, clip=None, dtype=jnp.float32):
         return optax.apply_updates(m, u), s
 
     def current():
-        return jax.tree.unflatten(treedef, [m["x"].astype(x.dtype)
-                                            for m, x in zip(master, leaves, strict=True)])
+        return jax.tree.unflatten(
+            treedef, [m["x"].astype(x.dtype) for m, x in zip(master, leaves, strict=True)]
+        )
 
     for t in range(steps):
         p = current()
@@ -98,18 +100,20 @@ def run_reference(inner, params, steps, clip=None, dtype=jnp.float32):
         for i, gi in enumerate(jax.tree.leaves(g)):
             master[i], states[i] = leaf_step(gi, states[i], master[i])
     is_node = lambda x: isinstance(x, dict) and list(x) == ["x"]
-    moments = [[n["x"] for n in jax.tree.leaves(s, is_leaf=is_node) if is_node(n)]
-               for s in states]
+    moments = [[n["x"] for n in jax.tree.leaves(s, is_leaf=is_node) if is_node(n)] for s in states]
     return current(), [m["x"] for m in master], moments
 
 
 def assert_trees_equal(a, b):
-    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b),
-                            strict=True):
+    for (path, x), y in zip(
+        jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True
+    ):
         x, y = np.asarray(x), np.asarray(y)
         assert x.dtype == y.dtype and x.shape == y.shape, path
-        assert x.tobytes() == y.tobytes(), (jax.tree_util.keystr(path),
-                                            np.max(np.abs(x.astype(float) - y.astype(float))))
+        assert x.tobytes() == y.tobytes(), (
+            jax.tree_util.keystr(path),
+            np.max(np.abs(x.astype(float) - y.astype(float))),
+        )
 
 
 def check_store(tx, params, ref_master, ref_moments):
@@ -139,8 +143,9 @@ def test_bitwise_equal_to_optax(tmp_path, name, clip, chunk_bytes):
         tx = ptx = paged(optax.chain(clipper, inner), tmp_path / "s", chunk_bytes=chunk_bytes)
     else:
         tx = ptx = paged(inner, tmp_path / "s", chunk_bytes=chunk_bytes)
-    want, ref_master, ref_moments = run_reference(inner, mlp_params(), 20,
-                                                  clipper if clip else None)
+    want, ref_master, ref_moments = run_reference(
+        inner, mlp_params(), 20, clipper if clip else None
+    )
     got, state, step = run(tx, mlp_params(), 20, fused=True)
     assert_trees_equal(got, want)
     n = check_store(ptx, got, ref_master, ref_moments)
@@ -153,8 +158,9 @@ def test_bitwise_equal_to_optax(tmp_path, name, clip, chunk_bytes):
     tx2 = paged(inner, tmp_path / "s2", chunk_bytes=chunk_bytes)
     via_updates, _, _ = run(optax.chain(clipper, tx2) if clip else tx2, mlp_params(), 20)
     whole, _, _ = run(optax.chain(clipper, inner) if clip else inner, mlp_params(), 20)
-    for a, b, c in zip(jax.tree.leaves(got), jax.tree.leaves(whole),
-                       jax.tree.leaves(via_updates), strict=True):
+    for a, b, c in zip(
+        jax.tree.leaves(got), jax.tree.leaves(whole), jax.tree.leaves(via_updates), strict=True
+    ):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-4, atol=1e-6)
     tx2.close()
@@ -166,7 +172,8 @@ def test_whole_tree_optax_is_not_bitwise_stable():
 
     def update(tree):
         return jax.jit(lambda g, s, p: optax.apply_updates(p, inner.update(g, s, p)[0]))(
-            tree, inner.init(tree), tree)
+            tree, inner.init(tree), tree
+        )
 
     w = jax.random.normal(jax.random.key(0), (4000,))
     alone = update({"w": w})["w"]
@@ -182,8 +189,9 @@ def test_bf16_params_with_fp32_master_match_reference_by_hand(tmp_path):
     # The optax protocol path: float32 updates that apply_updates turns into master.astype(bf16)
     got, state, step = run(tx, params, 20, dtype=jnp.bfloat16)
     # Reference by hand: fp32 master, optax on fp32 gradients, params = master.astype(bf16).
-    want, ref_master, ref_moments = run_reference(inner, mlp_params(jnp.bfloat16), 20,
-                                                  dtype=jnp.bfloat16)
+    want, ref_master, ref_moments = run_reference(
+        inner, mlp_params(jnp.bfloat16), 20, dtype=jnp.bfloat16
+    )
     assert_trees_equal(got, want)
     assert check_store(tx, got, ref_master, ref_moments) == 15  # 5 masters, 10 moments
     # Nothing of the moments or master is in the RAM state: only crcs and scalars.
@@ -193,10 +201,19 @@ def test_bf16_params_with_fp32_master_match_reference_by_hand(tmp_path):
 
 
 def test_fused_update_and_apply_equals_updates_path(tmp_path):
-    a, _, _ = run(paged(OPTIMIZERS["lion"](), tmp_path / "a", chunk_bytes=4096),
-                  mlp_params(jnp.bfloat16), 6, dtype=jnp.bfloat16)
-    b, _, _ = run(paged(OPTIMIZERS["lion"](), tmp_path / "b", chunk_bytes=4096),
-                  mlp_params(jnp.bfloat16), 6, dtype=jnp.bfloat16, fused=True)
+    a, _, _ = run(
+        paged(OPTIMIZERS["lion"](), tmp_path / "a", chunk_bytes=4096),
+        mlp_params(jnp.bfloat16),
+        6,
+        dtype=jnp.bfloat16,
+    )
+    b, _, _ = run(
+        paged(OPTIMIZERS["lion"](), tmp_path / "b", chunk_bytes=4096),
+        mlp_params(jnp.bfloat16),
+        6,
+        dtype=jnp.bfloat16,
+        fused=True,
+    )
     assert_trees_equal(a, b)
 
 
@@ -204,8 +221,9 @@ def test_bf16_updates_reproduce_master_exactly():
     """f32 updates = new - old make apply_updates give exactly master_new.astype(bf16)."""
     rng = np.random.default_rng(0)
     old = jnp.asarray(rng.standard_normal(100_000), jnp.bfloat16)
-    new_master = old.astype(jnp.float32) * (1 + 1e-3 * jnp.asarray(rng.standard_normal(100_000),
-                                                                   jnp.float32))
+    new_master = old.astype(jnp.float32) * (
+        1 + 1e-3 * jnp.asarray(rng.standard_normal(100_000), jnp.float32)
+    )
     new = new_master.astype(jnp.bfloat16)
     u = new.astype(jnp.float32) - old.astype(jnp.float32)
     assert np.asarray(optax.apply_updates(old, u)).tobytes() == np.asarray(new).tobytes()
@@ -216,12 +234,12 @@ def test_bf16_updates_reproduce_master_exactly():
 
 def test_masked_weight_decay_by_rank(tmp_path):
     def inner():
-        return optax.adamw(1e-2, weight_decay=0.5, mask=lambda p: jax.tree.map(
-            lambda x: x.ndim > 1, p))
+        return optax.adamw(
+            1e-2, weight_decay=0.5, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)
+        )
 
     want, _, _ = run_reference(inner(), mlp_params(), 5)
-    got, _, _ = run(paged(inner(), tmp_path / "s", chunk_bytes=4096), mlp_params(), 5,
-                    fused=True)
+    got, _, _ = run(paged(inner(), tmp_path / "s", chunk_bytes=4096), mlp_params(), 5, fused=True)
     assert_trees_equal(got, want)
 
 
@@ -243,8 +261,10 @@ def _roll():
     "make, match",
     [
         (lambda: optax.lbfgs(), "scale_by_lbfgs"),
-        (lambda: optax.chain(optax.scale_by_adam(), optax.clip_by_global_norm(1.0)),
-         "clip_by_global_norm"),
+        (
+            lambda: optax.chain(optax.scale_by_adam(), optax.clip_by_global_norm(1.0)),
+            "clip_by_global_norm",
+        ),
         (lambda: optax.lamb(1e-3), "trust_ratio"),
         (lambda: optax.adafactor(1e-3), "factored"),
         (lambda: optax.chain(_leafwise_normalize(), optax.adam(1e-3)), "not element-wise"),

@@ -36,9 +36,11 @@ def _store_bytes(tx):
 def test_crash_during_update_resumes_bitwise(tmp_path, when):
     root = tmp_path / "store"
     crash_at, total = 3, 6
-    kill = ("PageStore.commit = lambda self, crcs=None: os.kill(os.getpid(), signal.SIGKILL)"
-            if when == "before_commit" else
-            "threading.Timer(0.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()")
+    kill = (
+        "PageStore.commit = lambda self, crcs=None: os.kill(os.getpid(), signal.SIGKILL)"
+        if when == "before_commit"
+        else "threading.Timer(0.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()"
+    )
     script = f"""
         import os, signal, sys, threading
         sys.path.insert(0, {TESTS!r})
@@ -59,8 +61,9 @@ def test_crash_during_update_resumes_bitwise(tmp_path, when):
         jax.block_until_ready(state)
         print("NOT KILLED")
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == -9, out.stdout + out.stderr
     # Reopen: the store is at a committed version, readable, and consistent.
     tx = paged(OPTIMIZERS["adamw"](), root, chunk_bytes=4096)
@@ -126,8 +129,9 @@ def test_resident_memory_is_bounded(tmp_path):
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(base, peak, float(params["w0"][0]))
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     base, peak, w = out.stdout.split()
     state_bytes = 125_000_000 * 12

@@ -228,13 +228,33 @@ def test_train_runs_a_plan_with_optimizer_on_nvme(tiny_profile, tmp_path):
     from jaxoff.train import TrainConfig, train
 
     acts = tuple((n.name, "device" if n.fixed else "remat") for n in tiny_profile.names)
-    pf = PlanFile("tiny", tiny_profile.model_config, 4, 32, Plan(acts, "host", "nvme"),
-                  preset("rtx4090").to_json(), {}, None)
+    pf = PlanFile(
+        "tiny",
+        tiny_profile.model_config,
+        4,
+        32,
+        Plan(acts, "host", "nvme"),
+        preset("rtx4090").to_json(),
+        {},
+        None,
+    )
     path = pf.save(tmp_path / "p.json")
-    cfg = TrainConfig(model="tiny", batch_size=4, seq_len=32, steps=3, eval_every=0,
-                      ckpt_every=0, progress=False, out_dir=tmp_path / "r", plan=path)
+    cfg = TrainConfig(
+        model="tiny",
+        batch_size=4,
+        seq_len=32,
+        steps=3,
+        eval_every=0,
+        ckpt_every=0,
+        progress=False,
+        out_dir=tmp_path / "r",
+        plan=path,
+    )
     got = cfg.validate()
     assert (got.placement, got.policy, got.store_dir()) == (
-        "host_params_stream1", "full", tmp_path / "r" / "store")
+        "host_params_stream1",
+        "full",
+        tmp_path / "r" / "store",
+    )
     result = train(cfg)
     assert (tmp_path / "r" / "store").is_dir() and len(result.losses) == 3

@@ -26,8 +26,7 @@ def test_single_slot_is_bitwise_the_two_slot_run_on_half_the_disk(tmp_path):
         tx = paged(OPTIMIZERS["adamw"](), tmp_path / f"s{slots}", chunk_bytes=4096, slots=slots)
         p0 = mlp_params(jnp.bfloat16)
         params, state = _steps(tx, p0, tx.init(p0), 0, 6)
-        runs[slots] = (params, _store_bytes(tx), tx.store._files.disk_bytes(),
-                       tx.store.version)
+        runs[slots] = (params, _store_bytes(tx), tx.store._files.disk_bytes(), tx.store.version)
         assert tx.store.layout.slots == slots
         tx.close()
     assert_trees_equal(runs[1][0], runs[2][0])
@@ -62,8 +61,9 @@ def test_crash_mid_update_of_a_single_slot_store_resumes_from_the_checkpoint(tmp
         jax.block_until_ready(state)
         print("NOT KILLED")
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == -9, out.stdout + out.stderr
     tx = paged(OPTIMIZERS["adamw"](), root, chunk_bytes=4096, slots=1)
     p_shape = mlp_params(jnp.bfloat16)
@@ -71,8 +71,10 @@ def test_crash_mid_update_of_a_single_slot_store_resumes_from_the_checkpoint(tmp
         load_state(tx, p_shape)  # the committed step 3 was overwritten: the store says so
     saved = np.load(ckpt / "params.npy", allow_pickle=True)
     leaves, treedef = jax.tree.flatten(p_shape)
-    params = jax.tree.unflatten(treedef, [jnp.asarray(s.view(x.dtype)).reshape(x.shape)
-                                          for s, x in zip(saved, leaves, strict=True)])
+    params = jax.tree.unflatten(
+        treedef,
+        [jnp.asarray(s.view(x.dtype)).reshape(x.shape) for s, x in zip(saved, leaves, strict=True)],
+    )
     state = restore_paged(tx, ckpt / "paged", params)  # re-creates the torn store
     resumed, _ = _steps(tx, params, state, 3, 6)
     tx_ref = paged(OPTIMIZERS["adamw"](), tmp_path / "ref", chunk_bytes=4096)

@@ -526,8 +526,10 @@ def test_single_slot_writes_in_place_with_half_the_disk(tmp_path):
         assert os.path.exists(tmp_path / "one" / _store.IN_PLACE_MARK)  # marked while open
     manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())
     assert manifest["slots"] == 1
-    assert manifest["entries"]["opt.mu.w"]["file"] == {"A": "data/opt.mu.w.A.page",
-                                                       "B": "data/opt.mu.w.A.page"}
+    assert manifest["entries"]["opt.mu.w"]["file"] == {
+        "A": "data/opt.mu.w.A.page",
+        "B": "data/opt.mu.w.A.page",
+    }
 
 
 def test_single_slot_reading_an_overwritten_chunk_says_why(tmp_path):

@@ -254,8 +254,10 @@ def test_disk_full_raises_and_keeps_the_last_version(tmp_path):
 
 
 def _v1_single(root) -> dict[str, np.ndarray]:
-    data = {"opt.mu.w": np.arange(1 << 20, dtype=np.float32),
-            "opt.nu.b": np.linspace(-1, 1, 1000, dtype=np.float32)}
+    data = {
+        "opt.mu.w": np.arange(1 << 20, dtype=np.float32),
+        "opt.nu.b": np.linspace(-1, 1, 1000, dtype=np.float32),
+    }
     with PageStore.create(root, ENTRIES, chunk_bytes=CHUNK, slots=1) as store:
         for n, a in data.items():
             store.write(n, a)
@@ -271,8 +273,10 @@ def test_single_slot_sigkill_mid_update_is_detected_as_torn(tmp_path):
     child = _spawn_rewriter(root)  # in place: the store has one slot
     _kill(child)
     for _ in range(2):  # the store stays refused: the mark is kept until it is re-created
-        with pytest.raises(PageStoreTornError, match="single-slot .* stopped during an update"
-                           ".*restore from the last checkpoint"):
+        with pytest.raises(
+            PageStoreTornError,
+            match="single-slot .* stopped during an update.*restore from the last checkpoint",
+        ):
             PageStore.open(root)
     with PageStore.create(root, ENTRIES, chunk_bytes=CHUNK, slots=1, exist_ok=True) as store:
         assert store.version == 0  # re-created: a restore writes it whole

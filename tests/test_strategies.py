@@ -272,9 +272,26 @@ def test_compare_strategies_all_writes_table_files_and_plot(tmp_path, capsys, mo
     monkeypatch.setenv("COLUMNS", "250")
     out = tmp_path / "cmp"
     rc = main(
-        ["compare", "--model", "tiny", "--strategies", "all", "--batch", "2", "--seq", "16",
-         "--steps", "1", "--warmup", "0", "--device-mem", "20MiB", "--no-isolate",
-         "--out", str(out)]
+        [
+            "compare",
+            "--model",
+            "tiny",
+            "--strategies",
+            "all",
+            "--batch",
+            "2",
+            "--seq",
+            "16",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--device-mem",
+            "20MiB",
+            "--no-isolate",
+            "--out",
+            str(out),
+        ]
     )
     assert rc == 0
     text = capsys.readouterr().out

@@ -122,8 +122,10 @@ def _require_platform(target: str) -> None:
     here with one line, not with an XLA lowering error at compile time."""
     register_targets()
     if _cuda_missing and _cuda.default_is_gpu():
-        raise JaxoffError(f"{target} cannot run on the GPU: {_cuda_missing}; {_cuda.REINSTALL}, "
-                          f"or run the step on the CPU (jax.default_device(jax.devices('cpu')[0]))")
+        raise JaxoffError(
+            f"{target} cannot run on the GPU: {_cuda_missing}; {_cuda.REINSTALL}, "
+            f"or run the step on the CPU (jax.default_device(jax.devices('cpu')[0]))"
+        )
 
 
 def register_file_table(
@@ -367,8 +369,10 @@ def page_take(
     _require_platform(PAGE_TAKE)
     ticket = jnp.asarray(ticket)
     if ticket.shape != () or ticket.dtype != jnp.int32:
-        raise TypeError(f"ticket must be the int32 scalar page_prefetch returned, got "
-                        f"{ticket.dtype}{list(ticket.shape)}")
+        raise TypeError(
+            f"ticket must be the int32 scalar page_prefetch returned, got "
+            f"{ticket.dtype}{list(ticket.shape)}"
+        )
     out, token = jax.ffi.ffi_call(
         PAGE_TAKE,
         (jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)), _TOKEN),

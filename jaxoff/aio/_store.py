@@ -252,8 +252,9 @@ class PageStore:
         """The crc32c of each chunk of entry ``name`` in ``slot`` (default: the committed
         version's slot), as the manifest records them."""
         if name not in self.entries:
-            raise KeyError(f"page store {self._root} has no entry {name!r}; it holds "
-                           f"{', '.join(self.entries)}")
+            raise KeyError(
+                f"page store {self._root} has no entry {name!r}; it holds {', '.join(self.entries)}"
+            )
         return list(self._crcs[slot or self.active_slot][name])
 
     @property

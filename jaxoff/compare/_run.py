@@ -122,8 +122,9 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
                 )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = _meta(cfg, num_layers=model_config(cfg.model, "none").num_layers,
-                 baseline_flops=baseline)
+    meta = _meta(
+        cfg, num_layers=model_config(cfg.model, "none").num_layers, baseline_flops=baseline
+    )
     _report.write_csv(rows, out / "compare.csv")
     _report.write_json(rows, meta, out / "compare.json")
     _report.plot(rows, out / "compare.png", title)

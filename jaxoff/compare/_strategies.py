@@ -117,8 +117,12 @@ def export_check(recipe, model: str, batch: int, seq: int, platform: str = "cuda
     from ._measure import optimizer
 
     if recipe.update_in_backward:
-        return {"ok": None, "problems": [], "skipped": "the update-in-backward step pages "
-                "inside the layer scan through FFI calls, which do not export"}
+        return {
+            "ok": None,
+            "problems": [],
+            "skipped": "the update-in-backward step pages "
+            "inside the layer scan through FFI calls, which do not export",
+        }
     pl = placement(recipe)
     plain = dataclasses.replace(recipe, store=False, placement=pl)
     base = load_model(model)
@@ -130,10 +134,13 @@ def export_check(recipe, model: str, batch: int, seq: int, platform: str = "cuda
     problems = []
     wants_host = pl.params == "host" or pl.opt_state == "host"
     if wants_host != bool(rep.arg_kinds.get(host)):
-        problems.append(f"host arguments {rep.arg_kinds.get(host, 0)}, expected "
-                        f"{'some' if wants_host else 'none'}")
-    if pl.streams and not (rep.placements_in_loops.get("device")
-                           and rep.placements_in_loops.get(host)):
+        problems.append(
+            f"host arguments {rep.arg_kinds.get(host, 0)}, expected "
+            f"{'some' if wants_host else 'none'}"
+        )
+    if pl.streams and not (
+        rep.placements_in_loops.get("device") and rep.placements_in_loops.get(host)
+    ):
         problems.append("no per-layer parameter/gradient copies inside the layer loop")
     offloads = _offloads(recipe, base.residual_names)
     if offloads and not rep.placements_in_loops.get(host):
@@ -172,8 +179,13 @@ def measure_strategy(
     from ._measure import optimizer
 
     recipe = Recipe.from_json(recipe)
-    row = {"strategy": name, "policy": recipe.policy, "placement": recipe.placement_name(),
-           "store": recipe.store, "note": recipe.note}
+    row = {
+        "strategy": name,
+        "policy": recipe.policy,
+        "placement": recipe.placement_name(),
+        "store": recipe.store,
+        "note": recipe.note,
+    }
     store = Path(store_root or "runs/compare/stores") / name
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.perf_counter()
@@ -259,8 +271,9 @@ def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]
     from ..strategies import Context, StrategyUnavailable, build_recipe
 
     budget = cfg.device_mem_bytes()
-    ctx = Context(load_model(cfg.model), cfg.batch_size, cfg.seq_len, budget, cfg.hardware,
-                  cfg.model)
+    ctx = Context(
+        load_model(cfg.model), cfg.batch_size, cfg.seq_len, budget, cfg.hardware, cfg.model
+    )
     measured, skipped = [], []
     for name in cfg.strategy_list():
         progress.update(task, description=f"plan {name}")
@@ -275,10 +288,19 @@ def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]
             progress.advance(task)
             continue
         progress.update(task, description=f"compile + run {name}")
-        kw = dict(model=cfg.model, name=name, recipe=recipe.to_json(), batch=cfg.batch_size,
-                  seq=cfg.seq_len, steps=cfg.steps, warmup=cfg.warmup, seed=cfg.seed,
-                  device_mem=budget, store_root=str(Path(cfg.out_dir) / "stores"),
-                  check_export=cfg.check_export)
+        kw = dict(
+            model=cfg.model,
+            name=name,
+            recipe=recipe.to_json(),
+            batch=cfg.batch_size,
+            seq=cfg.seq_len,
+            steps=cfg.steps,
+            warmup=cfg.warmup,
+            seed=cfg.seed,
+            device_mem=budget,
+            store_root=str(Path(cfg.out_dir) / "stores"),
+            check_export=cfg.check_export,
+        )
         try:
             row = (measure_strategy_isolated if cfg.isolate else measure_strategy)(**kw)
         except Exception as e:  # noqa: BLE001 - one failing strategy must not stop the rest

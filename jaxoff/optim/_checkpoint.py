@@ -50,8 +50,9 @@ def save_paged(tx: PagedTransformation, opt_state: PagedState, directory: str | 
     """
     store = _open(tx)
     jax.block_until_ready(opt_state)  # waits for the step's commit
-    reason = stale_reason(store, jax.device_get(opt_state.version),
-                          [jax.device_get(c) for c in opt_state.crcs])
+    reason = stale_reason(
+        store, jax.device_get(opt_state.version), [jax.device_get(c) for c in opt_state.crcs]
+    )
     if reason is not None:
         raise PageStoreError(f"save_paged: {reason}; save the state returned by the last step")
     return copy_out(store, directory)
@@ -77,10 +78,13 @@ def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
                 total += raw.nbytes
             f.flush()
             os.fsync(f.fileno())
-        entries[name] = {"shape": list(e.shape), "dtype": str(e.dtype), "file": fname,
-                         "crcs": crcs}
-    meta = {"format": FORMAT, "store_version": version, "chunk_bytes": store.chunk_bytes,
-            "entries": entries}
+        entries[name] = {"shape": list(e.shape), "dtype": str(e.dtype), "file": fname, "crcs": crcs}
+    meta = {
+        "format": FORMAT,
+        "store_version": version,
+        "chunk_bytes": store.chunk_bytes,
+        "entries": entries,
+    }
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(meta, f)
         f.flush()
@@ -111,8 +115,9 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
     return _state(plan, store, store.version, crcs)
 
 
-def copy_in(store: PageStore, plan, directory: str | os.PathLike,
-            same_parity: bool = False) -> tuple[dict, int]:
+def copy_in(
+    store: PageStore, plan, directory: str | os.PathLike, same_parity: bool = False
+) -> tuple[dict, int]:
     """Writes what `copy_out` wrote into ``store`` as its next committed version.
 
     ``same_parity``: for a two-slot store, make the new version's number have the parity of
@@ -128,21 +133,34 @@ def copy_in(store: PageStore, plan, directory: str | os.PathLike,
         with open(path) as f:
             meta = json.load(f)
     except (OSError, ValueError) as err:
-        raise PageStoreError(f"restore_paged: cannot read {path} ({err}); is {directory} a "
-                             "checkpoint written by save_paged?") from None
+        raise PageStoreError(
+            f"restore_paged: cannot read {path} ({err}); is {directory} a "
+            "checkpoint written by save_paged?"
+        ) from None
     if meta.get("format") != FORMAT:
         raise PageStoreError(f"restore_paged: {path} is not a {FORMAT} manifest")
     want = plan.store_entries()
     saved = meta["entries"]
     diffs = sorted(set(want) ^ set(saved)) + [
-        n for n in want if n in saved and (tuple(saved[n]["shape"]) != tuple(want[n][0])
-                                           or parse_dtype(saved[n]["dtype"]) != want[n][1])]
+        n
+        for n in want
+        if n in saved
+        and (
+            tuple(saved[n]["shape"]) != tuple(want[n][0])
+            or parse_dtype(saved[n]["dtype"]) != want[n][1]
+        )
+    ]
     if diffs:
-        raise PageStoreError(f"restore_paged: checkpoint {directory} holds another optimizer "
-                             f"state than this model needs (differences: {diffs[:5]})")
+        raise PageStoreError(
+            f"restore_paged: checkpoint {directory} holds another optimizer "
+            f"state than this model needs (differences: {diffs[:5]})"
+        )
     rounds = 1
-    if (same_parity and store.layout.slots == 2
-            and (store.version + 1) % 2 != int(meta["store_version"]) % 2):
+    if (
+        same_parity
+        and store.layout.slots == 2
+        and (store.version + 1) % 2 != int(meta["store_version"]) % 2
+    ):
         rounds = 2
     for _ in range(rounds):
         crcs = {}
@@ -155,7 +173,8 @@ def copy_in(store: PageStore, plan, directory: str | os.PathLike,
                     if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:
                         raise PageStoreCorruptError(
                             f"restore_paged: chunk {c.index} of {name!r} in {directory} is "
-                            "damaged (short or checksum mismatch); use an older checkpoint")
+                            "damaged (short or checksum mismatch); use an older checkpoint"
+                        )
                     store.write_chunk(name, c.index, raw.view(e.dtype))
             crcs[name] = info["crcs"]
         store.commit(crcs)
@@ -188,14 +207,20 @@ def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
 
 def _state(plan, store: PageStore, version: int, crcs: dict) -> PagedState:
     ram = ram_from_bytes(plan, store.read(RAM_ENTRY))
-    return make_state(plan, store.root, jnp.asarray(version, jnp.int32),
-                      [jnp.asarray(np.asarray(crcs[n], np.uint32)) for n in store.entries],
-                      [jnp.asarray(x) for x in ram])
+    return make_state(
+        plan,
+        store.root,
+        jnp.asarray(version, jnp.int32),
+        [jnp.asarray(np.asarray(crcs[n], np.uint32)) for n in store.entries],
+        [jnp.asarray(x) for x in ram],
+    )
 
 
 def _open(tx) -> PageStore:
     store = _pager(tx).store
     if store is None or store.closed:
-        raise PageStoreError("save_paged: the paged optimizer's store is not open; call "
-                             "tx.init(params) (or restore) first")
+        raise PageStoreError(
+            "save_paged: the paged optimizer's store is not open; call "
+            "tx.init(params) (or restore) first"
+        )
     return store

@@ -25,9 +25,9 @@ KNOWN_OFFENDERS = {
     "clip_by_global_norm": "it scales by the norm of all gradients together",
     "apply_if_finite": "it decides from all gradients at once whether to apply the step",
     "scale_by_lbfgs": "L-BFGS takes dot products over all parameters and keeps a history of "
-                      "whole parameter vectors",
+    "whole parameter vectors",
     "scale_by_trust_ratio": "it scales each leaf by the ratio of parameter and update norms "
-                            "(LAMB/LARS)",
+    "(LAMB/LARS)",
     "clip_by_block_rms": "it clips each leaf by that leaf's RMS",
     "adaptive_grad_clip": "it clips each leaf by that leaf's norms",
     "centralize": "it subtracts each leaf's mean",
@@ -59,7 +59,7 @@ def _closure_functions(fn: Any, depth: int = 0, seen: set | None = None):
             yield from _closure_functions(a, depth + 1, seen)
         return
     if isinstance(fn, optax.GradientTransformation | tuple | list | dict):
-        for a in (fn.values() if isinstance(fn, dict) else fn):  # dict: multi_transform
+        for a in fn.values() if isinstance(fn, dict) else fn:  # dict: multi_transform
             yield from _closure_functions(a, depth + 1, seen)
         return
     if isinstance(fn, types.MethodType):
@@ -101,8 +101,9 @@ def known_offender(tx: optax.GradientTransformation) -> tuple[str, str] | None:
     return None
 
 
-def chain_members(tx: optax.GradientTransformation,
-                  flatten: bool = True) -> list[optax.GradientTransformation] | None:
+def chain_members(
+    tx: optax.GradientTransformation, flatten: bool = True
+) -> list[optax.GradientTransformation] | None:
     """The members of an ``optax.chain`` (nested chains flattened), or None if not a chain."""
     init, update = tx.init, tx.update
     if getattr(init, "__qualname__", "") != "chain.<locals>.init_fn":
@@ -112,8 +113,9 @@ def chain_members(tx: optax.GradientTransformation,
     if "init_fns" not in cells or "update_fns" not in ucells:
         return None
     members = []
-    for i, u in zip(cells["init_fns"].cell_contents, ucells["update_fns"].cell_contents,
-                    strict=True):
+    for i, u in zip(
+        cells["init_fns"].cell_contents, ucells["update_fns"].cell_contents, strict=True
+    ):
         member = optax.GradientTransformationExtraArgs(i, u)
         members.extend((chain_members(member) if flatten else None) or [member])
     return members
@@ -153,8 +155,8 @@ def refuse_known_offenders(tx: optax.GradientTransformation) -> None:
             "put it before the paged part, e.g. optax.chain(optax.clip_by_global_norm(1.0), "
             "jaxoff.paged(optax.adamw(lr), store)), or lead the chain passed to jaxoff.paged "
             "with it (it is then run on the gradients in RAM)"
-            if name in GLOBAL_PREFIX else
-            "keep this optimizer's state in RAM (plain optax) or choose an element-wise one "
+            if name in GLOBAL_PREFIX
+            else "keep this optimizer's state in RAM (plain optax) or choose an element-wise one "
             "(adam, adamw, lion, sgd, rmsprop, ...)"
         )
         raise NotElementwiseError(

@@ -26,7 +26,10 @@ def _tree_with(plan: Plan, j: int, x: Any, dtypes) -> Any:
     # than in a plain optax update of a many-leaf tree, changing the last bit of the result.
     shape = (lambda leaf: leaf.empty_shape()) if j < 0 else (lambda leaf: leaf.one_shape())
     leaves = [
-        optax.MaskedNode() if dtypes[i] is None else x if i == j
+        optax.MaskedNode()
+        if dtypes[i] is None
+        else x
+        if i == j
         else jnp.zeros(shape(leaf), dtypes[i])
         for i, leaf in enumerate(plan.leaves)
     ]
@@ -64,8 +67,9 @@ def _inner_dtypes(plan: Plan, master_dtype) -> list:
     return [np.dtype(master_dtype) if leaf.master else leaf.dtype for leaf in plan.leaves]
 
 
-def chunk_update(plan: Plan, inner, master_dtype, j: int, g, p, chunks, ram_inner,
-                 extra: dict) -> tuple[jax.Array, list]:
+def chunk_update(
+    plan: Plan, inner, master_dtype, j: int, g, p, chunks, ram_inner, extra: dict
+) -> tuple[jax.Array, list]:
     """Runs the inner update on chunk ``g``/``p`` (flat) of leaf ``j``.
 
     Args:

@@ -80,8 +80,9 @@ class _Impl:
         for path, p in jax.tree_util.tree_leaves_with_path(params):
             _check_dtype(p, _PARAM_DTYPES, f"parameter {_name(path)}")
         zeros = lambda p: jnp.zeros(np.shape(p), jnp.float32)
-        return FusedAdamWState(jnp.zeros([], jnp.int32), jax.tree.map(zeros, params),
-                               jax.tree.map(zeros, params))
+        return FusedAdamWState(
+            jnp.zeros([], jnp.int32), jax.tree.map(zeros, params), jax.tree.map(zeros, params)
+        )
 
     def update(self, grads, state, params=None, **extra_args):
         del extra_args
@@ -101,8 +102,19 @@ class _Impl:
         wd = self.weight_decay(count) if callable(self.weight_decay) else self.weight_decay
         r1 = 1 / f32(1 - self.b1**count_inc)
         r2 = 1 / f32(1 - self.b2**count_inc)
-        return jnp.stack([f32(self.b1), f32(1 - self.b1), f32(self.b2), f32(1 - self.b2),
-                          r1, r2, f32(self.eps), f32(wd), neg_lr])
+        return jnp.stack(
+            [
+                f32(self.b1),
+                f32(1 - self.b1),
+                f32(self.b2),
+                f32(1 - self.b2),
+                r1,
+                r2,
+                f32(self.eps),
+                f32(wd),
+                neg_lr,
+            ]
+        )
 
     def _decay_flags(self, params, treedef) -> list[bool]:
         wd = self.weight_decay
@@ -113,23 +125,31 @@ class _Impl:
         mask = self.mask(params) if callable(self.mask) else self.mask
         flags = jax.tree.leaves(jax.tree.broadcast(mask, params))
         if len(flags) != treedef.num_leaves:
-            raise ValueError("fused_adamw: the weight decay mask must be a tree like the "
-                             "parameters (or a prefix of it) with one bool per leaf")
+            raise ValueError(
+                "fused_adamw: the weight decay mask must be a tree like the "
+                "parameters (or a prefix of it) with one bool per leaf"
+            )
         out = []
         for f in flags:
             if isinstance(f, jax.core.Tracer):
-                raise TypeError("fused_adamw: the weight decay mask must hold Python bools, "
-                                "not traced arrays (it selects compiled code per leaf)")
+                raise TypeError(
+                    "fused_adamw: the weight decay mask must hold Python bools, "
+                    "not traced arrays (it selects compiled code per leaf)"
+                )
             out.append(bool(f))
         return out
 
     def _step(self, grads, state, params, *, apply: bool):
         if params is None:
-            raise ValueError("fused_adamw needs the parameters: call update(grads, state, "
-                             "params) (weight decay and the fused step read them)")
+            raise ValueError(
+                "fused_adamw needs the parameters: call update(grads, state, "
+                "params) (weight decay and the fused step read them)"
+            )
         if not isinstance(state, FusedAdamWState):
-            raise TypeError(f"fused_adamw: expected a FusedAdamWState (from tx.init(params)), "
-                            f"got {type(state).__name__}")
+            raise TypeError(
+                f"fused_adamw: expected a FusedAdamWState (from tx.init(params)), "
+                f"got {type(state).__name__}"
+            )
         register_targets()
         path_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
         names = [_name(path) for path, _ in path_leaves]
@@ -137,8 +157,9 @@ class _Impl:
         try:
             gs, ms, vs = (treedef.flatten_up_to(t) for t in (grads, state.mu, state.nu))
         except (ValueError, TypeError) as e:
-            raise ValueError("fused_adamw: grads, mu and nu must be trees like the parameters: "
-                             f"{e}") from e
+            raise ValueError(
+                f"fused_adamw: grads, mu and nu must be trees like the parameters: {e}"
+            ) from e
         hyper = self._hyper(state.count)
         flags = self._decay_flags(params, treedef)
         outs, new_m, new_v = [], [], []
@@ -148,8 +169,9 @@ class _Impl:
             outs.append(o)
             new_m.append(m)
             new_v.append(v)
-        new_state = FusedAdamWState(optax.safe_increment(state.count),
-                                    treedef.unflatten(new_m), treedef.unflatten(new_v))
+        new_state = FusedAdamWState(
+            optax.safe_increment(state.count), treedef.unflatten(new_m), treedef.unflatten(new_v)
+        )
         return treedef.unflatten(outs), new_state
 
 
@@ -160,13 +182,24 @@ def _leaf(p, g, m, v, hyper, *, apply: bool, decay: bool, threads: int):
         return jnp.zeros(p.shape, out_dtype), m, v
     call = jax.ffi.ffi_call(
         ADAMW,
-        (jax.ShapeDtypeStruct(p.shape, out_dtype), jax.ShapeDtypeStruct(m.shape, _F32),
-         jax.ShapeDtypeStruct(v.shape, _F32)),
+        (
+            jax.ShapeDtypeStruct(p.shape, out_dtype),
+            jax.ShapeDtypeStruct(m.shape, _F32),
+            jax.ShapeDtypeStruct(v.shape, _F32),
+        ),
         # p', mu', nu' take the buffers of p, mu, nu: with donation nothing is copied.
         input_output_aliases={0: 0, 2: 1, 3: 2} if apply else {2: 1, 3: 2},
     )
-    return call(p, g, m, v, hyper, mode=np.int64(0 if apply else 1), decay=np.int64(decay),
-                threads=np.int64(threads))
+    return call(
+        p,
+        g,
+        m,
+        v,
+        hyper,
+        mode=np.int64(0 if apply else 1),
+        decay=np.int64(decay),
+        threads=np.int64(threads),
+    )
 
 
 def _name(path) -> str:
@@ -176,8 +209,9 @@ def _name(path) -> str:
 def _check_dtype(x, allowed, what: str) -> None:
     dt = jnp.dtype(x.dtype) if hasattr(x, "dtype") else jnp.asarray(x).dtype
     if dt not in allowed:
-        raise TypeError(f"fused_adamw: {what} has dtype {dt}; expected "
-                        f"{' or '.join(str(a) for a in allowed)}")
+        raise TypeError(
+            f"fused_adamw: {what} has dtype {dt}; expected {' or '.join(str(a) for a in allowed)}"
+        )
 
 
 def _check_leaf(name, p, g, m, v) -> None:
@@ -185,14 +219,17 @@ def _check_leaf(name, p, g, m, v) -> None:
     _check_dtype(g, _PARAM_DTYPES, f"gradient {name}")
     for what, x in (("mu", m), ("nu", v)):
         if jnp.dtype(x.dtype) != _F32:
-            raise TypeError(f"fused_adamw: state {what}{name} has dtype {x.dtype}; fused_adamw "
-                            "keeps moments in float32: make the state with tx.init(params) of "
-                            "this fused_adamw, not from another optimizer")
+            raise TypeError(
+                f"fused_adamw: state {what}{name} has dtype {x.dtype}; fused_adamw "
+                "keeps moments in float32: make the state with tx.init(params) of "
+                "this fused_adamw, not from another optimizer"
+            )
     shape = np.shape(p)
     for what, x in (("gradient", g), ("mu", m), ("nu", v)):
         if np.shape(x) != shape:
-            raise ValueError(f"fused_adamw: {what} of {name} has shape {np.shape(x)}, the "
-                             f"parameter has {shape}")
+            raise ValueError(
+                f"fused_adamw: {what} of {name} has shape {np.shape(x)}, the parameter has {shape}"
+            )
 
 
 def fused_adamw(

@@ -46,8 +46,10 @@ def find_pager(tx: Any) -> Pager:
     inner = getattr(tx, "tx", None)
     if inner is not None and inner is not tx:
         return find_pager(inner)
-    raise TypeError(f"expected a transformation made by jaxoff.paged (or a chain or optimizer "
-                    f"holding one), got {type(tx).__name__}")
+    raise TypeError(
+        f"expected a transformation made by jaxoff.paged (or a chain or optimizer "
+        f"holding one), got {type(tx).__name__}"
+    )
 
 
 @dataclasses.dataclass
@@ -89,9 +91,11 @@ def _plan(pager: Pager, params):
         return pager.plan(canonical(params))
     plans = list(pager._plans.values())
     if len(plans) != 1:
-        raise ValueError("PagedRestore: pass params= (the parameters or their shapes): the "
-                         "paged transformation has not yet planned a store for one parameter "
-                         "tree (call jax.eval_shape(tx.init, params) or pass params)")
+        raise ValueError(
+            "PagedRestore: pass params= (the parameters or their shapes): the "
+            "paged transformation has not yet planned a store for one parameter "
+            "tree (call jax.eval_shape(tx.init, params) or pass params)"
+        )
     return plans[0]
 
 
@@ -108,14 +112,18 @@ class PagedCheckpointHandler(ocp.CheckpointHandler):
         jax.block_until_ready(args.item)  # the step that made the state has committed
         store = pager.store
         if store is None or store.closed:
-            raise PageStoreError("PagedSave: the paged optimizer's store is not open; call "
-                                 "tx.init(params) (or restore) first")
+            raise PageStoreError(
+                "PagedSave: the paged optimizer's store is not open; call "
+                "tx.init(params) (or restore) first"
+            )
         for st in _paged_states(args.item):
-            reason = stale_reason(store, jax.device_get(st.version),
-                                  [jax.device_get(c) for c in st.crcs])
+            reason = stale_reason(
+                store, jax.device_get(st.version), [jax.device_get(c) for c in st.crcs]
+            )
             if reason is not None:
-                raise PageStoreError(f"PagedSave: {reason}; save the state returned by the "
-                                     "last step")
+                raise PageStoreError(
+                    f"PagedSave: {reason}; save the state returned by the last step"
+                )
         directory = epath.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         handler = ocp.StandardCheckpointHandler()
@@ -127,10 +135,13 @@ class PagedCheckpointHandler(ocp.CheckpointHandler):
         directory = epath.Path(directory)
         pages = directory / PAGES_DIR
         if not (pages / "paged.json").exists():
-            raise PageStoreError(f"PagedRestore: {directory} holds no page store contents; "
-                                 "was it saved with jaxoff.optim.PagedSave?")
+            raise PageStoreError(
+                f"PagedRestore: {directory} holds no page store contents; "
+                "was it saved with jaxoff.optim.PagedSave?"
+            )
         tree = ocp.StandardCheckpointHandler().restore(
-            directory / STATE_DIR, args=ocp.args.StandardRestore(args.item))
+            directory / STATE_DIR, args=ocp.args.StandardRestore(args.item)
+        )
         pager = find_pager(args.tx)
         plan = _plan(pager, args.params)
         store = pager.open_store(plan, discard_torn=True)  # every chunk is rewritten

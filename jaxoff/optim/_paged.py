@@ -91,13 +91,15 @@ def paged(
     (2, dtype('float32'))
     >>> tx.close()
     """
-    pager = Pager(tx, store, chunk_bytes=chunk_bytes, master_dtype=master_dtype, engine=engine,
-                  slots=slots)
+    pager = Pager(
+        tx, store, chunk_bytes=chunk_bytes, master_dtype=master_dtype, engine=engine, slots=slots
+    )
     return PagedTransformation(pager.init, pager.update)
 
 
-def update_and_apply(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
-                     **extra_args) -> tuple[Any, Any]:
+def update_and_apply(
+    tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any, **extra_args
+) -> tuple[Any, Any]:
     """``(new params, new state)``: for a paged ``tx`` (or ``optax.chain(global ops...,
     paged(...))``), the new parameters are computed chunk by chunk together with the update,
     as plain optax computes them when ``apply_updates`` fuses with the update (bitwise the
@@ -121,8 +123,9 @@ def update_and_apply(tx: optax.GradientTransformation, grads: Any, opt_state: An
         states = list(opt_state)
         for k, m in enumerate(members[:-1]):
             grads, states[k] = m.update(grads, states[k], params, **extra_args)
-        params, states[-1] = members[-1].update.__self__.apply(grads, states[-1], params,
-                                                                **extra_args)
+        params, states[-1] = members[-1].update.__self__.apply(
+            grads, states[-1], params, **extra_args
+        )
         return params, tuple(states)
     updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
     return optax.apply_updates(params, updates), opt_state
@@ -140,8 +143,9 @@ class Pager:
     """Everything behind one `paged` transformation: plan, store, compiled tables."""
 
     def __init__(self, tx, store, *, chunk_bytes, master_dtype, engine, slots=2):
-        if (not isinstance(tx, optax.GradientTransformation)
-                and hasattr(tx, "gradient_transformation")):  # optax.MultiSteps
+        if not isinstance(tx, optax.GradientTransformation) and hasattr(
+            tx, "gradient_transformation"
+        ):  # optax.MultiSteps
             tx = tx.gradient_transformation()
         pre, inner = split_global_prefix(tx)
         refuse_known_offenders(inner)
@@ -167,8 +171,9 @@ class Pager:
         leaves, treedef = jax.tree.flatten(params)
         key = (treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves))
         if key not in self._plans:
-            self._plans[key] = make_plan(self.pre, self.inner, params, self.chunk_bytes,
-                                         self.master_dtype)
+            self._plans[key] = make_plan(
+                self.pre, self.inner, params, self.chunk_bytes, self.master_dtype
+            )
         plan = self._plans[key]
         if key not in self._probed:
             probe_elementwise(self.inner, plan, self.master_dtype)
@@ -189,19 +194,25 @@ class Pager:
             entries = plan.store_entries()
             if self.store is None or self.store.closed:
                 try:
-                    self.store = PageStore.open_or_create(self.root, entries,
-                                                          chunk_bytes=self.chunk_bytes,
-                                                          slots=self.slots)
+                    self.store = PageStore.open_or_create(
+                        self.root, entries, chunk_bytes=self.chunk_bytes, slots=self.slots
+                    )
                 except PageStoreTornError:
                     if not discard_torn:
                         raise
-                    self.store = PageStore.create(self.root, entries, exist_ok=True,
-                                                  chunk_bytes=self.chunk_bytes, slots=self.slots)
+                    self.store = PageStore.create(
+                        self.root,
+                        entries,
+                        exist_ok=True,
+                        chunk_bytes=self.chunk_bytes,
+                        slots=self.slots,
+                    )
                 self._ios = None
             if list(self.store.entries) != list(entries):
                 raise PageStoreError(
                     f"page store {self.root} holds other entries than this model's optimizer "
-                    "needs; pass jaxoff.paged a directory (it creates the store) or another store")
+                    "needs; pass jaxoff.paged a directory (it creates the store) or another store"
+                )
             if self._ios is None:
                 need = self.split_phase_bytes(plan)
                 if not self._engine_given and self.engine.pool_bytes < need:
@@ -219,8 +230,10 @@ class Pager:
     def split_phase_bytes(self, plan: Plan) -> int:
         """Staging for split-phase paging: per leaf, two chunks of every entry prefetched at
         the take, plus one chunk of every entry in write-behind."""
-        per_leaf = [sum(plan.entries[k].storage.itemsize for k in leaf.entries) * leaf.chunk_elems
-                    for leaf in plan.leaves]
+        per_leaf = [
+            sum(plan.entries[k].storage.itemsize for k in leaf.entries) * leaf.chunk_elems
+            for leaf in plan.leaves
+        ]
         return 3 * max(per_leaf, default=0) + (1 << 20)
 
     def close(self) -> None:
@@ -236,8 +249,9 @@ class Pager:
         pre_state = [] if self.pre is None else jax.tree.leaves(self.pre.init(params))
         if not _is_concrete(params):  # under eval_shape/jit: shapes only, disk untouched
             ram = tuple(pre_state) + tuple(_chunk.ram_init(plan, self.inner, self.master_dtype))
-            crcs = tuple(jnp.zeros((self._num_chunks(plan, e),), jnp.uint32)
-                         for e in [*plan.store_entries()])
+            crcs = tuple(
+                jnp.zeros((self._num_chunks(plan, e),), jnp.uint32) for e in [*plan.store_entries()]
+            )
             return make_state(plan, self.root, jnp.zeros((), jnp.int32), crcs, ram)
         store = self.open_store(plan, discard_torn=True)  # init rewrites every chunk
         with jax.ensure_compile_time_eval():
@@ -247,8 +261,11 @@ class Pager:
         p_leaves = plan.params_def.flatten_up_to(params)
         for leaf, p in zip(plan.leaves, p_leaves, strict=True):
             entries = [plan.entries[k] for k in leaf.entries]
-            init = jax.jit(functools.partial(_chunk.chunk_init, plan, self.inner,
-                                             self.master_dtype, leaf.index))
+            init = jax.jit(
+                functools.partial(
+                    _chunk.chunk_init, plan, self.inner, self.master_dtype, leaf.index
+                )
+            )
             flat = np.asarray(p).reshape(-1)
             for e in entries:
                 crcs[e.name] = []
@@ -264,9 +281,13 @@ class Pager:
                     crcs[e.name].append(_write_chunk(store, e.name, c, x.astype(e.storage)))
         crcs[RAM_ENTRY] = [_write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
         version = store.commit(crcs)
-        return make_state(plan, self.root, jnp.asarray(version, jnp.int32),
-                          [jnp.asarray(np.asarray(v, np.uint32)) for v in crcs.values()],
-                          [jnp.asarray(x) for x in ram])
+        return make_state(
+            plan,
+            self.root,
+            jnp.asarray(version, jnp.int32),
+            [jnp.asarray(np.asarray(v, np.uint32)) for v in crcs.values()],
+            [jnp.asarray(x) for x in ram],
+        )
 
     def _num_chunks(self, plan: Plan, name: str) -> int:
         if name == RAM_ENTRY:
@@ -286,8 +307,9 @@ class Pager:
 
     def _step(self, grads, state: PagedState, params, *, apply: bool, extra: dict):
         if params is None:
-            raise ValueError("jaxoff.paged needs the parameters: call tx.update(grads, state, "
-                             "params)")
+            raise ValueError(
+                "jaxoff.paged needs the parameters: call tx.update(grads, state, params)"
+            )
         out_def = jax.tree.structure(params)  # the result keeps the caller's wrappers
         params, grads = canonical(params), canonical(grads)
         plan = self.plan(params)
@@ -298,7 +320,8 @@ class Pager:
             raise ValueError(
                 "jaxoff.paged: this optimizer state does not belong to these parameters (it "
                 f"holds {len(ram)} RAM leaves and {len(state.crcs)} store entries, the plan "
-                f"{len(plan.ram_avals)} and {len(ios)}); make it with tx.init(params)")
+                f"{len(plan.ram_avals)} and {len(ios)}); make it with tx.init(params)"
+            )
         pre_ram, inner_ram = ram[: plan.num_pre], ram[plan.num_pre :]
         if self.pre is not None:
             pre_state = jax.tree.unflatten(plan.pre_def, pre_ram)
@@ -313,18 +336,29 @@ class Pager:
         # write, so XLA cannot schedule every leaf's prologue at once (bounded buffers).
         # The first read waits for the check that the state describes the store's committed
         # version: a stale state (e.g. restored without its pages) is refused with its cause.
-        tok = new_token() + io_callback(self._check, jax.ShapeDtypeStruct((), jnp.int32),
-                                        state.version, tuple(state.crcs), ordered=False)
+        tok = new_token() + io_callback(
+            self._check,
+            jax.ShapeDtypeStruct((), jnp.int32),
+            state.version,
+            tuple(state.crcs),
+            ordered=False,
+        )
         split = self.engine.pool_bytes >= self.split_phase_bytes(plan)
         for leaf, g, p in zip(plan.leaves, g_leaves, p_leaves, strict=True):
-            compute = functools.partial(self._compute, plan, leaf, g.reshape(-1), p.reshape(-1),
-                                        inner_ram, extra, apply)
+            compute = functools.partial(
+                self._compute, plan, leaf, g.reshape(-1), p.reshape(-1), inner_ram, extra, apply
+            )
             pipeline = functools.partial(
-                page_leaf, self.table, [ios[k] for k in leaf.entries],
-                [state.crcs[k] for k in leaf.entries], read_slot, leaf.chunk_elems,
-                leaf.n_full, leaf.tail)
-            out = (p.reshape(-1) if apply
-                   else jnp.zeros((leaf.size,), self.master_dtype))
+                page_leaf,
+                self.table,
+                [ios[k] for k in leaf.entries],
+                [state.crcs[k] for k in leaf.entries],
+                read_slot,
+                leaf.chunk_elems,
+                leaf.n_full,
+                leaf.tail,
+            )
+            out = p.reshape(-1) if apply else jnp.zeros((leaf.size,), self.master_dtype)
             # The pipeline reads materialised gradients (see _one_trip): fused into some
             # chunks' updates and not others, the last ops of the gradient (or of clipping)
             # would change FMA contraction and hence the last bit.
@@ -335,9 +369,13 @@ class Pager:
             tokens.append(tok)
         new_ram = tuple(pre_ram) + tuple(new_inner_ram)
         ram_io = ios[-1]
-        crc, tok = page_out(self.table, jnp.asarray(ram_io.file_ids)[1 - read_slot, 0],
-                            jnp.asarray(ram_io.offsets)[0], ram_bytes(plan, new_ram),
-                            new_token())
+        crc, tok = page_out(
+            self.table,
+            jnp.asarray(ram_io.file_ids)[1 - read_slot, 0],
+            jnp.asarray(ram_io.offsets)[0],
+            ram_bytes(plan, new_ram),
+            new_token(),
+        )
         new_crcs[-1] = crc.reshape(1)
         tokens.append(tok)
         # The commit follows every write of the step onto disk: write-behind writes included.
@@ -345,8 +383,15 @@ class Pager:
         # version it returns. (ordered=True would add an effect token, which jax 0.10.2
         # cannot lower next to outputs placed in host memory.)
         tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
-        version = io_callback(self._commit, jax.ShapeDtypeStruct((), jnp.int32), state.version,
-                              tuple(state.crcs), tuple(new_crcs), tuple(tokens), ordered=False)
+        version = io_callback(
+            self._commit,
+            jax.ShapeDtypeStruct((), jnp.int32),
+            state.version,
+            tuple(state.crcs),
+            tuple(new_crcs),
+            tuple(tokens),
+            ordered=False,
+        )
         out_tree = jax.tree.unflatten(out_def, outs)
         return out_tree, make_state(plan, self.root, version, new_crcs, new_ram)
 
@@ -357,8 +402,9 @@ class Pager:
         entries = [plan.entries[k] for k in leaf.entries]
         chunks = [x.astype(e.dtype) for e, x in zip(entries, chunks, strict=True)]
         p_in, states = (chunks[0], chunks[1:]) if leaf.master else (p_ram, chunks)
-        u, new_states = _chunk.chunk_update(plan, self.inner, self.master_dtype, leaf.index, g,
-                                            p_in, states, inner_ram, extra)
+        u, new_states = _chunk.chunk_update(
+            plan, self.inner, self.master_dtype, leaf.index, g, p_in, states, inner_ram, extra
+        )
         # The new parameters are computed here, fused with the update as plain optax fuses
         # them (XLA contracts a*b+c to FMA inside a fusion); the returned updates are then the
         # exact difference, so that optax.apply_updates(params, updates) reproduces them.
@@ -386,8 +432,9 @@ class Pager:
         self._check(version, old_crcs)  # no other step committed since this one started
         store = self.store
         names = list(store.entries)
-        new = store.commit({n: np.asarray(c, np.uint32).reshape(-1)
-                            for n, c in zip(names, crcs, strict=True)})
+        new = store.commit(
+            {n: np.asarray(c, np.uint32).reshape(-1) for n, c in zip(names, crcs, strict=True)}
+        )
         return np.asarray(new, np.int32)
 
 
@@ -402,10 +449,15 @@ def stale_reason(store: PageStore, version, crcs) -> str | None:
     version = int(np.asarray(version))
     names = list(store.entries)
     if len(crcs) != len(names):
-        return (f"the optimizer state has {len(crcs)} store entries, page store {store.root} "
-                f"{len(names)}: the state belongs to another model or optimizer")
-    differ = [n for n, c in zip(names, crcs, strict=True)
-              if [int(x) for x in np.asarray(c).reshape(-1)] != store.crcs(n)]
+        return (
+            f"the optimizer state has {len(crcs)} store entries, page store {store.root} "
+            f"{len(names)}: the state belongs to another model or optimizer"
+        )
+    differ = [
+        n
+        for n, c in zip(names, crcs, strict=True)
+        if [int(x) for x in np.asarray(c).reshape(-1)] != store.crcs(n)
+    ]
     parity = store.layout.slots == 1 or version % 2 == store.version % 2
     if not differ and parity:
         return None
@@ -416,7 +468,8 @@ def stale_reason(store: PageStore, version, crcs) -> str | None:
         "stale. It was probably saved or restored without its page store contents (e.g. by "
         "orbax StandardSave/StandardRestore alone) after the store moved on. Checkpoint a "
         "paged state with jaxoff.optim.PagedSave / PagedRestore (orbax CheckpointManager) or "
-        "jaxoff.optim.save_paged / restore_paged, or start again from tx.init(params)")
+        "jaxoff.optim.save_paged / restore_paged, or start again from tx.init(params)"
+    )
 
 
 def _refuse_placeholder(params) -> None:
@@ -427,7 +480,8 @@ def _refuse_placeholder(params) -> None:
             "tensors (moments, master weights) are not in the state but in the page store "
             "(the state holds PagedTensors nodes naming its entries), so there is nothing "
             "parameter-shaped to map. Map the RAM leaves with jax.tree.map, read the paged "
-            "tensors with tx.store.read(name), or shard with the store per process")
+            "tensors with tx.store.read(name), or shard with the store per process"
+        )
 
 
 def _one_trip(fn, carry, *args, **kwargs):
@@ -442,6 +496,7 @@ def _one_trip(fn, carry, *args, **kwargs):
     a jitted update's argument. The body's paging calls have side effects, so XLA keeps the
     loop although it runs once.
     """
+
     def body(c, _):
         c, *rest = fn(c, *args, **kwargs)
         return c, tuple(rest)
@@ -520,7 +575,7 @@ def ram_from_bytes(plan: Plan, raw: np.ndarray) -> list[np.ndarray]:
         width = 1 if dt == np.bool_ else dt.itemsize
         n = int(np.prod(a.shape)) * width
         chunk = raw[pos : pos + n]
-        x = (chunk.view(np.uint8).astype(np.bool_) if dt == np.bool_ else chunk.view(dt))
+        x = chunk.view(np.uint8).astype(np.bool_) if dt == np.bool_ else chunk.view(dt)
         out.append(x.reshape(a.shape))
         pos += n
     return out

@@ -85,14 +85,36 @@ def page_leaf(
         return chunk_elems if i < n_full else tail
 
     if split_phase:
-        return _page_leaf_split(table, ios, fids, offs, crcs_in, read_slot, write_slot, num,
-                                n_full, chunk_elems, size, out, compute, token, crcs_out)
+        return _page_leaf_split(
+            table,
+            ios,
+            fids,
+            offs,
+            crcs_in,
+            read_slot,
+            write_slot,
+            num,
+            n_full,
+            chunk_elems,
+            size,
+            out,
+            compute,
+            token,
+            crcs_out,
+        )
 
     def read(i, n, tok):
         xs = []
         for k, io in enumerate(ios):
-            x, tok = page_in(table, fids[k][read_slot, i], offs[k][i], crcs_in[k][i], tok,
-                             shape=(n,), dtype=io.storage)
+            x, tok = page_in(
+                table,
+                fids[k][read_slot, i],
+                offs[k][i],
+                crcs_in[k][i],
+                tok,
+                shape=(n,),
+                dtype=io.storage,
+            )
             xs.append(x)
         return xs, tok
 
@@ -118,6 +140,7 @@ def page_leaf(
     carry = (cur, None, out, tok_r, token, crcs_out)
     carry = stage(0, size(0), size(1) if num > 1 else 0, carry)
     if n_full >= 3:  # the uniform middle: chunks 1 .. n_full-2, each reading a full chunk
+
         def body(carry, i):
             return stage(i, chunk_elems, chunk_elems, carry), None
 
@@ -129,13 +152,35 @@ def page_leaf(
     return out, crcs, tok_w
 
 
-def _page_leaf_split(table, ios, fids, offs, crcs_in, read_slot, write_slot, num, n_full,
-                     chunk_elems, size, out, compute, token, crcs_out):
+def _page_leaf_split(
+    table,
+    ios,
+    fids,
+    offs,
+    crcs_in,
+    read_slot,
+    write_slot,
+    num,
+    n_full,
+    chunk_elems,
+    size,
+    out,
+    compute,
+    token,
+    crcs_out,
+):
     def prefetch(i, n, tok):
         tickets = []
         for k, io in enumerate(ios):
-            tok = page_prefetch(table, fids[k][read_slot, i], offs[k][i], crcs_in[k][i], tok,
-                                shape=(n,), dtype=io.storage)
+            tok = page_prefetch(
+                table,
+                fids[k][read_slot, i],
+                offs[k][i],
+                crcs_in[k][i],
+                tok,
+                shape=(n,),
+                dtype=io.storage,
+            )
             tickets.append(tok)  # each prefetch after the previous: the last one orders all
         return tickets
 
@@ -154,14 +199,16 @@ def _page_leaf_split(table, ios, fids, offs, crcs_in, read_slot, write_slot, num
         out = lax.dynamic_update_slice(out, out_chunk.astype(out.dtype), (i * chunk_elems,))
         crcs = list(crcs)
         for k, x in enumerate(new):
-            crc, tok = page_out(table, fids[k][write_slot, i], offs[k][i], x, tok,
-                                write_behind=True)
+            crc, tok = page_out(
+                table, fids[k][write_slot, i], offs[k][i], x, tok, write_behind=True
+            )
             crcs[k] = crcs[k].at[i].set(crc)
         return nxt, out, tok, crcs
 
     carry = (prefetch(0, size(0), token), out, token, crcs_out)
     carry = stage(0, size(0), size(1) if num > 1 else 0, carry)
     if n_full >= 3:  # the uniform middle: chunks 1 .. n_full-2, each reading a full chunk
+
         def body(carry, i):
             return stage(i, chunk_elems, chunk_elems, carry), None
 

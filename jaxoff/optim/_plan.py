@@ -149,7 +149,8 @@ def param_tree_matcher(params_def, params_leaves):
         return bool(present) and all(
             isinstance(i, optax.MaskedNode)
             or (hasattr(i, "shape") and hasattr(i, "dtype") and tuple(i.shape) == s)
-            for i, s in zip(items, shapes, strict=True))
+            for i, s in zip(items, shapes, strict=True)
+        )
 
     return match
 
@@ -166,8 +167,15 @@ def storage_dtype(dtype: np.dtype, what: str) -> np.dtype:
     )
 
 
-def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTransformation,
-              params: Any, chunk_bytes: int, master_dtype: Any, *, check_ram: bool = True) -> Plan:
+def make_plan(
+    pre: optax.GradientTransformation | None,
+    inner: optax.GradientTransformation,
+    params: Any,
+    chunk_bytes: int,
+    master_dtype: Any,
+    *,
+    check_ram: bool = True,
+) -> Plan:
     """Plans the store entries for ``params`` (arrays or ShapeDtypeStructs).
 
     ``check_ram``: refuse a RAM state larger than one chunk (the store's ``ram`` entry is
@@ -182,12 +190,15 @@ def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTra
     masters = [np.dtype(a.dtype) != master_dtype for a in leaves_abs]
     for a, name, m in zip(leaves_abs, names, masters, strict=True):
         if not jnp.issubdtype(a.dtype, jnp.floating):
-            raise NotElementwiseError(f"parameter {name!r} has dtype {a.dtype}: only floating "
-                                      "parameters can be optimized by jaxoff.paged")
+            raise NotElementwiseError(
+                f"parameter {name!r} has dtype {a.dtype}: only floating "
+                "parameters can be optimized by jaxoff.paged"
+            )
         if m and master_dtype.itemsize != STORAGE_ITEMSIZE:
             raise NotElementwiseError(f"master_dtype must have 4-byte elements, got {master_dtype}")
     master_abs = jax.tree.unflatten(
-        params_def, [jax.ShapeDtypeStruct(a.shape, master_dtype) for a in leaves_abs])
+        params_def, [jax.ShapeDtypeStruct(a.shape, master_dtype) for a in leaves_abs]
+    )
     state_abs = jax.eval_shape(inner.init, master_abs)
     matcher = param_tree_matcher(params_def, leaves_abs)
     node_paths, state_def = jax.tree_util.tree_flatten_with_path(state_abs, is_leaf=matcher)
@@ -200,10 +211,12 @@ def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTra
                     raise NotElementwiseError(
                         f"jaxoff.paged cannot page this optimizer: its state {path_name(path)} "
                         f"holds a tensor of shape {tuple(s.shape)} for parameter {name!r} of shape "
-                        f"{tuple(a.shape)}, so it is not element-wise")
+                        f"{tuple(a.shape)}, so it is not element-wise"
+                    )
             nodes.append(("paged", len(node_dtypes)))
-            node_dtypes.append(tuple(None if isinstance(s, optax.MaskedNode) else np.dtype(s.dtype)
-                                     for s in sub))
+            node_dtypes.append(
+                tuple(None if isinstance(s, optax.MaskedNode) else np.dtype(s.dtype) for s in sub)
+            )
             node_names.append(path_name(path))
         else:
             nodes.append(("ram", len(ram_avals)))
@@ -227,21 +240,36 @@ def make_plan(pre: optax.GradientTransformation | None, inner: optax.GradientTra
             mine.append(len(entries))
             st = storage_dtype(dts[i], f"optimizer state {nname} of {name!r}")
             entries.append(EntryPlan(f"opt.{nname}.{name}", i, k, dts[i], st))
-        leaves.append(LeafPlan(i, name, tuple(a.shape), np.dtype(a.dtype), m, chunk_elems,
-                               tuple(mine)))
+        leaves.append(
+            LeafPlan(i, name, tuple(a.shape), np.dtype(a.dtype), m, chunk_elems, tuple(mine))
+        )
         if leaves[-1].size >= 2**31 - chunk_elems:
-            raise NotElementwiseError(f"parameter {name!r} has {leaves[-1].size} elements; "
-                                      "jaxoff.paged supports at most 2**31 per leaf")
-    plan = Plan(params_def, tuple(leaves), tuple(entries), state_def, tuple(nodes),
-                tuple(node_dtypes), pre_def, tuple(pre_avals) + tuple(ram_avals), len(pre_avals))
+            raise NotElementwiseError(
+                f"parameter {name!r} has {leaves[-1].size} elements; "
+                "jaxoff.paged supports at most 2**31 per leaf"
+            )
+    plan = Plan(
+        params_def,
+        tuple(leaves),
+        tuple(entries),
+        state_def,
+        tuple(nodes),
+        tuple(node_dtypes),
+        pre_def,
+        tuple(pre_avals) + tuple(ram_avals),
+        len(pre_avals),
+    )
     if check_ram and plan.ram_nbytes > chunk_bytes:
-        big = sorted(zip(ram_avals, ram_paths, strict=True),
-                     key=lambda t: -math.prod(t[0].shape) * _byte_width(t[0].dtype))[:3]
+        big = sorted(
+            zip(ram_avals, ram_paths, strict=True),
+            key=lambda t: -math.prod(t[0].shape) * _byte_width(t[0].dtype),
+        )[:3]
         shown = ", ".join(f"{p} {tuple(a.shape)} {np.dtype(a.dtype)}" for a, p in big)
         raise NotElementwiseError(
             f"jaxoff.paged: the optimizer state that is not shaped like the parameters (kept in "
             f"RAM and written to the store as one chunk at every step) takes {plan.ram_nbytes} "
             f"bytes, more than one chunk of {chunk_bytes} bytes (largest: {shown}); pass a "
             "larger chunk_bytes, or, if these are per-parameter tensors in a container that "
-            "is not shaped like the parameters, the optimizer is not element-wise")
+            "is not shaped like the parameters, the optimizer is not element-wise"
+        )
     return plan

@@ -30,8 +30,9 @@ def probe_elementwise(inner: optax.GradientTransformation, plan: Plan, master_dt
     rng = np.random.default_rng(0)
     shapes = [_small_shape(leaf.shape) for leaf in plan.leaves]
     params = [rng.standard_normal(s).astype(master_dtype) for s in shapes]
-    grads = [[(30 * rng.standard_normal(s)).astype(master_dtype) for s in shapes]
-             for _ in range(_STEPS)]
+    grads = [
+        [(30 * rng.standard_normal(s)).astype(master_dtype) for s in shapes] for _ in range(_STEPS)
+    ]
     perms = [rng.permutation(int(np.prod(s))) for s in shapes]
     tree = jax.tree.unflatten(plan.params_def, params)
     # 3-element chunks; the RAM state is not written to a store here
@@ -53,7 +54,8 @@ def probe_elementwise(inner: optax.GradientTransformation, plan: Plan, master_dt
                 f"{what} differs when a small tree is updated whole or one chunk at a time, "
                 f"max difference {np.max(np.abs(a - b)) if a.shape == b.shape else 'shape'}), "
                 "so it mixes elements of a leaf or of several leaves. Run global operations "
-                "such as clip_by_global_norm before jaxoff.paged, or keep this optimizer in RAM")
+                "such as clip_by_global_norm before jaxoff.paged, or keep this optimizer in RAM"
+            )
 
 
 def _run_both(inner, plan: Plan, master_dtype, params, grads, perms):
@@ -77,10 +79,14 @@ def _run_both(inner, plan: Plan, master_dtype, params, grads, perms):
     ram = _chunk.ram_init(plan, inner, master_dtype)
     states = []
     for j, (x, cut) in enumerate(zip(flat, cuts, strict=True)):
-        parts = [_chunk.chunk_init(plan, inner, master_dtype, j, x[a:b])
-                 for a, b in zip(cut, cut[1:], strict=False) if b > a]
-        states.append([jnp.concatenate(cs) for cs in zip(*parts, strict=True)]
-                      if parts and parts[0] else [])
+        parts = [
+            _chunk.chunk_init(plan, inner, master_dtype, j, x[a:b])
+            for a, b in zip(cut, cut[1:], strict=False)
+            if b > a
+        ]
+        states.append(
+            [jnp.concatenate(cs) for cs in zip(*parts, strict=True)] if parts and parts[0] else []
+        )
     chunked = []
     for g in grads:
         new_ram = _chunk.ram_update(plan, inner, master_dtype, ram, {})
@@ -91,14 +97,24 @@ def _run_both(inner, plan: Plan, master_dtype, params, grads, perms):
             for a, b in zip(cut, cut[1:], strict=False):
                 if b == a:
                     continue
-                u, ns = _chunk.chunk_update(plan, inner, master_dtype, j, gj[a:b], x[a:b],
-                                            [s[a:b] for s in states[j]], ram, {})
+                u, ns = _chunk.chunk_update(
+                    plan,
+                    inner,
+                    master_dtype,
+                    j,
+                    gj[a:b],
+                    x[a:b],
+                    [s[a:b] for s in states[j]],
+                    ram,
+                    {},
+                )
                 u_parts.append(u)
                 s_parts.append(ns)
             u = jnp.concatenate(u_parts)
             flat[j] = optax.apply_updates(x, u)
-            states[j] = ([jnp.concatenate(cs) for cs in zip(*s_parts, strict=True)]
-                         if states[j] else [])
+            states[j] = (
+                [jnp.concatenate(cs) for cs in zip(*s_parts, strict=True)] if states[j] else []
+            )
             us.append(u[np.argsort(perm)])
         ram = new_ram
         chunked.append(("updates", jnp.concatenate(us)))

@@ -36,8 +36,10 @@ class PagedTensors:
     nbytes: int
 
     def __repr__(self) -> str:
-        return (f"<paged: {len(self.entries)} tensors, {human_bytes(self.nbytes)} in page store "
-                f"{self.store}>")
+        return (
+            f"<paged: {len(self.entries)} tensors, {human_bytes(self.nbytes)} in page store "
+            f"{self.store}>"
+        )
 
 
 class PagedState(NamedTuple):
@@ -74,12 +76,17 @@ class PagedState(NamedTuple):
         except Exception:  # a tracer or an abstract shape
             version = self.version
         nodes = [self.master] if self.master is not None else []
-        nodes += [x for x in jax.tree.leaves(self.inner_state, is_leaf=_is_paged)
-                  if isinstance(x, PagedTensors)]
+        nodes += [
+            x
+            for x in jax.tree.leaves(self.inner_state, is_leaf=_is_paged)
+            if isinstance(x, PagedTensors)
+        ]
         where = nodes[0].store if nodes else "?"
         total = sum(n.nbytes for n in nodes)
-        parts = [f"version={version}",
-                 f"on disk: {human_bytes(total)} per version in page store {where}"]
+        parts = [
+            f"version={version}",
+            f"on disk: {human_bytes(total)} per version in page store {where}",
+        ]
         if self.master is not None:
             parts.append(f"master={self.master!r}")
         if self.pre_state is not None:
@@ -102,13 +109,15 @@ def human_bytes(n: int) -> str:
 
 def paged_nodes(plan: Plan, root: str) -> tuple[PagedTensors | None, list[PagedTensors]]:
     """``(master node or None, node per paged subtree of the inner state)``."""
+
     def node(entries) -> PagedTensors:
         nbytes = sum(plan.leaves[e.leaf].size * np.dtype(e.storage).itemsize for e in entries)
         return PagedTensors(root, tuple(e.name for e in entries), int(nbytes))
 
     masters = [e for e in plan.entries if e.node < 0]
-    subtrees = [node([e for e in plan.entries if e.node == k])
-                for k in range(len(plan.node_dtypes))]
+    subtrees = [
+        node([e for e in plan.entries if e.node == k]) for k in range(len(plan.node_dtypes))
+    ]
     return (node(masters) if masters else None), subtrees
 
 

@@ -133,6 +133,7 @@ PRESETS: dict[str, tuple[Placement, str]] = {
 }
 """Named placements; ``host_params_stream<N>`` works for any ``N >= 1``."""
 
+
 def with_paged_optimizer(placement: Placement | str | None) -> Placement:
     """The placement used when the optimizer is paged to disk (``jaxoff.paged``).
 

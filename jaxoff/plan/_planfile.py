@@ -150,8 +150,10 @@ def train_homes(pf: PlanFile, store: str = "auto") -> tuple[dict, list[str]]:
     notes = []
     params, opt = pf.plan.params, pf.plan.opt
     if params == "nvme":
-        notes.append("parameters on NVMe are kept in host memory (jaxoff train does not page "
-                     "parameters to disk)")
+        notes.append(
+            "parameters on NVMe are kept in host memory (jaxoff train does not page "
+            "parameters to disk)"
+        )
         params = "host"
     from ._profile import CARRY
 
@@ -161,8 +163,10 @@ def train_homes(pf: PlanFile, store: str = "auto") -> tuple[dict, list[str]]:
             placement, policy = "host_params_stream1", "full"
         else:
             placement, policy = "host_params", pf.policy_spec()
-            notes.append("parameters are copied to the device whole (host_params), not "
-                         "streamed: streaming needs every residual recomputed")
+            notes.append(
+                "parameters are copied to the device whole (host_params), not "
+                "streamed: streaming needs every residual recomputed"
+            )
     else:
         placement, policy = ("host_opt" if opt == "host" else "device"), pf.policy_spec()
     if opt == "nvme":

@@ -51,8 +51,9 @@ def te_offload(ctx: Context) -> Recipe:
         keep = evaluate(prof, hw, Plan.from_actions(prof, {n.name: "device" for n in prof.names}))
         off = evaluate(prof, hw, Plan.from_actions(prof, {n.name: "offload" for n in prof.names}))
         per_layer = (keep.device_bytes - off.device_bytes) / L
-        n = next((k for k in range(1, L + 1)
-                  if keep.device_bytes - k * per_layer <= hw.device_mem), L)
+        n = next(
+            (k for k in range(1, L + 1) if keep.device_bytes - k * per_layer <= hw.device_mem), L
+        )
     return Recipe(
         policy="none",
         stack_overrides={"split_layers": n, "split_policy": "offload_all"},
@@ -213,8 +214,7 @@ def stronghold(ctx: Context) -> Recipe:
         base = evaluate(prof, hw, plan).device_bytes  # two layers' parameters on device
         room = int((hw.device_mem - base) // max(prof.layer_param_bytes, 1))
         window = max(1, min(prof.num_layers, 1 + room))
-    return Recipe(policy="full", placement=f"host_params_stream{window}",
-                  note=f"window {window}")
+    return Recipe(policy="full", placement=f"host_params_stream{window}", note=f"window {window}")
 
 
 @register(

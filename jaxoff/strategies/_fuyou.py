@@ -117,15 +117,23 @@ def _pager(tx) -> Pager:
     if not isinstance(tx, PagedTransformation):
         members = chain_members(tx, flatten=False)
         if members and isinstance(getattr(members[-1].update, "__self__", None), Pager):
-            raise ConfigError(_CLIP_MESSAGE.format(ops="global operations chained before "
-                                                   "jaxoff.paged (gradient clipping, ...)"))
+            raise ConfigError(
+                _CLIP_MESSAGE.format(
+                    ops="global operations chained before jaxoff.paged (gradient clipping, ...)"
+                )
+            )
         raise ConfigError(
             "the fuyou strategy needs a paged optimizer: pass "
-            "jaxoff.optim.paged(optax.adamw(...), store_dir, chunk_bytes=...) as tx")
+            "jaxoff.optim.paged(optax.adamw(...), store_dir, chunk_bytes=...) as tx"
+        )
     pager = tx.pager
     if pager.pre is not None:
-        raise ConfigError(_CLIP_MESSAGE.format(ops="the global operations leading the chain "
-                                               "given to jaxoff.paged (gradient clipping, ...)"))
+        raise ConfigError(
+            _CLIP_MESSAGE.format(
+                ops="the global operations leading the chain "
+                "given to jaxoff.paged (gradient clipping, ...)"
+            )
+        )
     return pager
 
 
@@ -140,7 +148,8 @@ def _check_model(model_cfg) -> None:
     if bad:
         raise ConfigError(
             f"the fuyou strategy runs one block per layer step (recomputed in backward) and "
-            f"cannot be combined with {bad}; set them to their defaults")
+            f"cannot be combined with {bad}; set them to their defaults"
+        )
 
 
 def _layout(tx, params) -> _Layout:
@@ -154,8 +163,10 @@ def _layout(tx, params) -> _Layout:
         paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
         blocks = tuple(_is_block_path(p) for p in paths)
         if not any(blocks):
-            raise ConfigError("the fuyou strategy needs a model with stacked blocks "
-                              f"(a '{BLOCKS}' parameter subtree, as jaxoff.nn models have)")
+            raise ConfigError(
+                "the fuyou strategy needs a model with stacked blocks "
+                f"(a '{BLOCKS}' parameter subtree, as jaxoff.nn models have)"
+            )
         num_layers = next(leaf.shape[0] for leaf, b in zip(plan.leaves, blocks, strict=True) if b)
         entries, store_of = {}, []
         for k, e in enumerate(plan.entries):
@@ -171,12 +182,14 @@ def _layout(tx, params) -> _Layout:
         store_of.append((len(plan.entries), -1))
         store = pager.store
         if store is None or store.closed:
-            store = PageStore.open_or_create(pager.root, entries, chunk_bytes=pager.chunk_bytes,
-                                             slots=pager.slots)
+            store = PageStore.open_or_create(
+                pager.root, entries, chunk_bytes=pager.chunk_bytes, slots=pager.slots
+            )
         if list(store.entries) != list(entries):
             raise PageStoreError(
                 f"page store {pager.root} holds other entries than the fuyou layout of this "
-                "model (a plain jaxoff.paged store?): give fuyou its own store directory")
+                "model (a plain jaxoff.paged store?): give fuyou its own store directory"
+            )
         pager.store = store  # tx.close() releases it
         need = pager.split_phase_bytes(plan)
         engine = pager.engine
@@ -188,8 +201,12 @@ def _layout(tx, params) -> _Layout:
         per_store = []
         for ei in range(len(entries)):
             rows = tabs[0]["entry"] == ei
-            per_store.append((np.stack([t["file_id"][t["entry"] == ei] for t in tabs])
-                              .astype(np.int32), encode(tabs[0]["offset"][rows])))
+            per_store.append(
+                (
+                    np.stack([t["file_id"][t["entry"] == ei] for t in tabs]).astype(np.int32),
+                    encode(tabs[0]["offset"][rows]),
+                )
+            )
         fids: list = [[] for _ in plan.entries]
         offs: list = [[] for _ in plan.entries]
         for (k, _), (f, o) in zip(store_of[:-1], per_store[:-1], strict=True):
@@ -202,8 +219,7 @@ def _layout(tx, params) -> _Layout:
                 fids[k], offs[k] = fids[k][0], offs[k][0]
         fids.append(per_store[-1][0])
         offs.append(per_store[-1][1])
-        lay = _Layout(plan, blocks, num_layers, list(entries), store_of, fids, offs, table,
-                      store)
+        lay = _Layout(plan, blocks, num_layers, list(entries), store_of, fids, offs, table, store)
         _layouts[pager] = lay
         return lay
 
@@ -233,16 +249,17 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
         ram = [np.asarray(x) for x in _chunk.ram_init(plan, pager.inner, pager.master_dtype)]
     crcs: dict[str, list[int]] = {}
     for leaf, p in zip(plan.leaves, plan.params_def.flatten_up_to(params), strict=True):
-        init = jax.jit(functools.partial(_chunk.chunk_init, plan, pager.inner,
-                                         pager.master_dtype, leaf.index))
+        init = jax.jit(
+            functools.partial(_chunk.chunk_init, plan, pager.inner, pager.master_dtype, leaf.index)
+        )
         p = np.asarray(p)
         layers = list(p) if lay.blocks[leaf.index] else [p]
-        suffixes = ([f"@{j}" for j in range(len(layers))] if lay.blocks[leaf.index] else [""])
+        suffixes = [f"@{j}" for j in range(len(layers))] if lay.blocks[leaf.index] else [""]
         n_full, tail = _layer_chunks(lay, leaf)
         for x, suffix in zip(layers, suffixes, strict=True):
             flat = x.reshape(-1)
             for c in range(n_full + (1 if tail else 0)):
-                pc = flat[c * leaf.chunk_elems:][: leaf.chunk_elems]
+                pc = flat[c * leaf.chunk_elems :][: leaf.chunk_elems]
                 if leaf.master:
                     pc = pc.astype(pager.master_dtype)
                 chunks = [np.asarray(y) for y in init(pc)]
@@ -252,7 +269,8 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
                     e = plan.entries[k]
                     name = e.name + suffix
                     crcs.setdefault(name, []).append(
-                        _write_chunk(store, name, c, y.astype(e.storage)))
+                        _write_chunk(store, name, c, y.astype(e.storage))
+                    )
     crcs[RAM_ENTRY] = [_write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
     version = store.commit(crcs)
     out = []
@@ -262,9 +280,11 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
         else:
             out.append(np.asarray(crcs[e.name]))
     out.append(np.asarray(crcs[RAM_ENTRY]))
-    return FuyouState(jnp.asarray(version, jnp.int32),
-                      tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in out),
-                      tuple(jnp.asarray(x) for x in ram))
+    return FuyouState(
+        jnp.asarray(version, jnp.int32),
+        tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in out),
+        tuple(jnp.asarray(x) for x in ram),
+    )
 
 
 def _used_inputs(fn, *args) -> list[bool]:
@@ -304,9 +324,18 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
     param_dtype = jnp.dtype(cfg.param_dtype)
 
     def train_step(state, inputs, targets):
-        as_floats = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, param_dtype)
-                                  if jnp.issubdtype(x.dtype, jnp.unsignedinteger) else x,
-                                  state.params) if blocks_as_bits else state.params)
+        as_floats = (
+            jax.tree.map(
+                lambda x: (
+                    jax.ShapeDtypeStruct(x.shape, param_dtype)
+                    if jnp.issubdtype(x.dtype, jnp.unsignedinteger)
+                    else x
+                ),
+                state.params,
+            )
+            if blocks_as_bits
+            else state.params
+        )
         lay = _layout(tx, as_floats)
         plan, opt = lay.plan, state.opt_state
         leaves = plan.params_def.flatten_up_to(state.params)
@@ -353,13 +382,26 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
 
         def update_leaf(leaf, g, p, crcs, fids, offs, tok):
             n_full, tail = _layer_chunks(lay, leaf)
-            ios = [EntryIO(f, o, plan.entries[k].storage)
-                   for k, f, o in zip(leaf.entries, fids, offs, strict=True)]
-            compute = functools.partial(pager._compute, plan, leaf, g.reshape(-1),
-                                        p.reshape(-1), inner_ram, {}, True)
-            out, crcs, tok = page_leaf(lay.table, ios, crcs, read_slot, leaf.chunk_elems,
-                                       n_full, tail, p.reshape(-1), compute, tok,
-                                       split_phase=True)
+            ios = [
+                EntryIO(f, o, plan.entries[k].storage)
+                for k, f, o in zip(leaf.entries, fids, offs, strict=True)
+            ]
+            compute = functools.partial(
+                pager._compute, plan, leaf, g.reshape(-1), p.reshape(-1), inner_ram, {}, True
+            )
+            out, crcs, tok = page_leaf(
+                lay.table,
+                ios,
+                crcs,
+                read_slot,
+                leaf.chunk_elems,
+                n_full,
+                tail,
+                p.reshape(-1),
+                compute,
+                tok,
+                split_phase=True,
+            )
             return out.reshape(p.shape), crcs, tok
 
         bleaves = [plan.leaves[i] for i in bidx]
@@ -382,8 +424,7 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
             g_layer, gh = vjp(gh)
             g_layer = lax.optimization_barrier(g_layer)
             new_layer, out_crcs, sq = [], [], []
-            for leaf, g, p, c, f, o in zip(bleaves, g_layer, layer, crcs, fids, offs,
-                                           strict=True):
+            for leaf, g, p, c, f, o in zip(bleaves, g_layer, layer, crcs, fids, offs, strict=True):
                 p_new, c_new, tok = update_leaf(leaf, g, p, c, f, o, tok)
                 new_layer.append(p_new)
                 out_crcs.append(c_new)
@@ -394,12 +435,18 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
         def per_leaf(table):
             return [[table[k] for k in leaf.entries] for leaf in bleaves]
 
-        xs = (jnp.arange(lay.num_layers), saved, per_leaf(opt.crcs), per_leaf(lay.fids),
-              per_leaf(lay.offs))
+        xs = (
+            jnp.arange(lay.num_layers),
+            saved,
+            per_leaf(opt.crcs),
+            per_leaf(lay.fids),
+            per_leaf(lay.offs),
+        )
         last = lay.num_layers - 1  # first written: the top layer, unchanged
         top = [lax.dynamic_index_in_dim(b, last, keepdims=False) for b in stacked]
         (gh, tok, new_stacked, pending, pending_j), (crcs_b, sq_b) = lax.scan(
-            bbody, (gh, new_token(), stacked, top, jnp.asarray(last)), xs, reverse=True)
+            bbody, (gh, new_token(), stacked, top, jnp.asarray(last)), xs, reverse=True
+        )
         new_stacked = _put_layer(new_stacked, pending, pending_j)
         if not blocks_as_bits:
             new_stacked = [_unbits(b, d) for b, d in zip(new_stacked, dtypes, strict=True)]
@@ -420,40 +467,58 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
             g = lax.optimization_barrier(g)
             sq_r.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
             leaf = plan.leaves[i]
-            p_new, cs, tok = update_leaf(leaf, g, leaves[i], [opt.crcs[k] for k in leaf.entries],
-                                         [lay.fids[k] for k in leaf.entries],
-                                         [lay.offs[k] for k in leaf.entries], tok)
+            p_new, cs, tok = update_leaf(
+                leaf,
+                g,
+                leaves[i],
+                [opt.crcs[k] for k in leaf.entries],
+                [lay.fids[k] for k in leaf.entries],
+                [lay.offs[k] for k in leaf.entries],
+                tok,
+            )
             new_leaves[i] = p_new
             for k, c in zip(leaf.entries, cs, strict=True):
                 new_crcs[k] = c
-        crc, tok_ram = page_out(lay.table, jnp.asarray(lay.fids[-1])[1 - read_slot, 0],
-                                jnp.asarray(lay.offs[-1])[0], ram_bytes(plan, new_ram),
-                                new_token())
+        crc, tok_ram = page_out(
+            lay.table,
+            jnp.asarray(lay.fids[-1])[1 - read_slot, 0],
+            jnp.asarray(lay.offs[-1])[0],
+            ram_bytes(plan, new_ram),
+            new_token(),
+        )
         new_crcs[-1] = crc.reshape(1)
         # every write of the step is durable before the commit (write-behind ones included)
         flushed = page_flush(lay.table, tok + tok_ram)
-        version = io_callback(functools.partial(_commit, lay), jax.ShapeDtypeStruct((), jnp.int32),
-                              opt.version, tuple(new_crcs), flushed, ordered=False)
+        version = io_callback(
+            functools.partial(_commit, lay),
+            jax.ShapeDtypeStruct((), jnp.int32),
+            opt.version,
+            tuple(new_crcs),
+            flushed,
+            ordered=False,
+        )
         params = jax.tree.unflatten(plan.params_def, new_leaves)
         grad_norm = jnp.sqrt(jnp.sum(sq_b) + sum(sq_r))
         new_opt = FuyouState(version, tuple(new_crcs), tuple(new_ram))
         from jaxoff.step import TrainState
 
-        return (TrainState(state.step + 1, params, new_opt),
-                {"loss": loss, "grad_norm": grad_norm})
+        return (TrainState(state.step + 1, params, new_opt), {"loss": loss, "grad_norm": grad_norm})
 
     return train_step
 
 
 def _layer(stacked: list[jax.Array], j, dtypes) -> list[jax.Array]:
     """Layer ``j`` of the stacked leaves' bits, as floats (see the scans)."""
-    return [_unbits(lax.dynamic_index_in_dim(x, j, keepdims=False), d)
-            for x, d in zip(stacked, dtypes, strict=True)]
+    return [
+        _unbits(lax.dynamic_index_in_dim(x, j, keepdims=False), d)
+        for x, d in zip(stacked, dtypes, strict=True)
+    ]
 
 
 def _put_layer(stacked: list[jax.Array], layer: list[jax.Array], j) -> list[jax.Array]:
-    return [lax.dynamic_update_index_in_dim(b, x, j, 0)
-            for b, x in zip(stacked, layer, strict=True)]
+    return [
+        lax.dynamic_update_index_in_dim(b, x, j, 0) for b, x in zip(stacked, layer, strict=True)
+    ]
 
 
 def _bits(x: jax.Array) -> jax.Array:
@@ -481,15 +546,16 @@ def blocks_to_bits(params):
 def blocks_from_bits(params, dtype):
     """The inverse of `blocks_to_bits` (the block leaves become ``dtype`` again, in place)."""
     dtype = jnp.dtype(dtype)
-    return _map_blocks(params, lambda x: x if not jnp.issubdtype(x.dtype, jnp.unsignedinteger)
-                       else _unbits(x, dtype))
+    return _map_blocks(
+        params,
+        lambda x: x if not jnp.issubdtype(x.dtype, jnp.unsignedinteger) else _unbits(x, dtype),
+    )
 
 
 def _map_blocks(params, fn):
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
     convert = jax.jit(fn, donate_argnums=0)
-    return jax.tree.unflatten(treedef, [convert(x) if _is_block_path(p) else x
-                                        for p, x in flat])
+    return jax.tree.unflatten(treedef, [convert(x) if _is_block_path(p) else x for p, x in flat])
 
 
 def _commit(lay: _Layout, version, crcs, token) -> np.ndarray:
@@ -501,7 +567,8 @@ def _commit(lay: _Layout, version, crcs, token) -> np.ndarray:
         raise PageStoreError(
             f"the optimizer state describes version {version} of page store {store.root}, but "
             f"the store is at version {store.version}: the state is stale (re-init, or resume "
-            "from the store's version)")
+            "from the store's version)"
+        )
     out = {}
     for name, (k, layer) in zip(lay.store_names, lay.store_of, strict=True):
         c = np.asarray(crcs[k], np.uint32)

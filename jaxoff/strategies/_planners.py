@@ -76,9 +76,7 @@ def dtr_actions(ctx: Context) -> dict[str, str]:
         if not kept:
             _fits_or_raise(ctx, prof, hw, plan, "dtr_greedy")
         stale = {n.name: prof.num_layers / 2 * layer_fwd + after[n.name] for n in kept}
-        worst = min(
-            kept, key=lambda n: cost(n.name, {n.name}) / (n.bytes * stale[n.name] + 1e-30)
-        )
+        worst = min(kept, key=lambda n: cost(n.name, {n.name}) / (n.bytes * stale[n.name] + 1e-30))
         actions[worst.name] = "remat"
 
 

@@ -80,8 +80,9 @@ class Recipe:
         for name, (p, _) in PRESETS.items():
             if p == self.placement:
                 return name
-        if self.placement == Placement(params="host", opt_state="host",
-                                       stream_window=self.placement.stream_window):
+        if self.placement == Placement(
+            params="host", opt_state="host", stream_window=self.placement.stream_window
+        ):
             return f"host_params_stream{self.placement.stream_window}"
         return "custom"
 
@@ -197,8 +198,7 @@ def get_strategy(name: str) -> Strategy:
     key = name.strip()
     if key not in STRATEGIES:
         raise ConfigError(
-            f"strategy {name!r} is not known; choose one of {', '.join(STRATEGIES)}"
-            f" (or 'all')"
+            f"strategy {name!r} is not known; choose one of {', '.join(STRATEGIES)} (or 'all')"
         )
     return STRATEGIES[key]
 
@@ -228,8 +228,11 @@ def strategy_overrides(
             f"strategy {name!r} uses a placement with no preset name ({recipe.placement}); "
             f"run it through jaxoff.strategies.prepare instead of TrainConfig"
         )
-    out = {"policy": recipe.policy, "placement": placement,
-           "store": "auto" if recipe.store else "none"}
+    out = {
+        "policy": recipe.policy,
+        "placement": placement,
+        "store": "auto" if recipe.store else "none",
+    }
     if recipe.stack_overrides:
         out["stack_overrides"] = dict(recipe.stack_overrides)
     if recipe.update_in_backward:

@@ -152,7 +152,8 @@ class TrainConfig:
             if self.store_slots not in (1, 2):
                 raise ConfigError(
                     f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
-                    f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}")
+                    f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}"
+                )
             if self.fsdp != 1:
                 raise ConfigError(
                     "--store pages the optimizer state to disk from one device; it cannot be "

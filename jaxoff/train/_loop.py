@@ -128,9 +128,7 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
         graphdef, state = init_state(model_cfg, tx, cfg.seed)
 
     t0 = time.perf_counter()
-    step_fn, shardings = jit_step(
-        make_train_step(graphdef, tx, placement), placement, state, mesh
-    )
+    step_fn, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, mesh)
     state = jax.device_put(state, shardings)
     step_fn = step_fn.lower(state, *batches(start)).compile()
     compile_s = time.perf_counter() - t0
