@@ -28,27 +28,25 @@ class Command:
 def _train() -> Command:
     from .train import TrainConfig, load_config_file, train
 
-    return Command(TrainConfig, train, "train a GPT on a byte-level corpus", load_config_file)
+    return Command(TrainConfig, train, HELP["train"], load_config_file)
 
 
 def _compare() -> Command:
     from .compare import CompareConfig, compare
 
-    return Command(
-        CompareConfig, compare, "compare remat/offload policies: memory, host bytes, FLOPs, time"
-    )
+    return Command(CompareConfig, compare, HELP["compare"])
 
 
 def _plan() -> Command:
     from .plan import PlanConfig, run
 
-    return Command(PlanConfig, run, "choose remat/offload/placement under memory budgets")
+    return Command(PlanConfig, run, HELP["plan"])
 
 
 def _io_bench() -> Command:
     from ._iobench import IOBenchConfig, run
 
-    return Command(IOBenchConfig, run, "measure the async I/O engine (and fio); --tune picks knobs")
+    return Command(IOBenchConfig, run, HELP["io-bench"])
 
 
 # name -> factory (imports stay lazy so `jaxoff --help` is fast)
@@ -60,10 +58,19 @@ COMMANDS: dict[str, Callable[[], Command]] = {
 }
 
 
+# name -> one line of help, known without importing the command (so `jaxoff --help` is fast)
+HELP: dict[str, str] = {
+    "train": "train a model (a size name or your own) on a byte-level or tokenized corpus",
+    "compare": "compare remat/offload policies or strategies: memory, host bytes, FLOPs, time",
+    "io-bench": "measure the async I/O engine (and fio); --tune picks knobs",
+    "plan": "choose remat/offload/placement under memory budgets",
+}
+
+
 def _usage() -> str:
     lines = ["usage: jaxoff <command> [--help] [options]", "", "commands:"]
-    for name, factory in COMMANDS.items():
-        lines.append(f"  {name:<10} {factory().help}")
+    for name in COMMANDS:
+        lines.append(f"  {name:<10} {HELP[name]}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,50 @@
+"""What the package installs and what `import jaxoff` costs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_wheel_installs_only_the_jaxoff_package():
+    """models/ ships as jaxoff.models: a top-level package named plainly `models` would clash
+    with the PyPI distribution of that name and with users' own models/ folders."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = cfg["tool"]["scikit-build"]["wheel"]["packages"]
+    assert packages == {"jaxoff": "jaxoff", "jaxoff/models": "models"}
+    assert all(key.split("/")[0] == "jaxoff" for key in packages)
+
+
+def test_dependencies_are_ranges_with_the_tested_lower_bounds():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    deps = {d.split(">")[0].split("=")[0].split("<")[0]: d for d in cfg["project"]["dependencies"]}
+    lower = dict(
+        line.split("==")
+        for line in (ROOT / ".ci" / "constraints-lower.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    for name, version in lower.items():
+        assert f">={version}" in deps[name] and "<" in deps[name], deps[name]
+        assert "==" not in deps[name]
+
+
+def test_import_jaxoff_does_not_import_jax():
+    code = "import sys, jaxoff; assert 'jax' not in sys.modules, 'jax imported'; jaxoff.__version__"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    code = "import jaxoff; assert jaxoff.paged.__module__ == 'jaxoff.optim._paged'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_jaxoff_help_imports_no_jax():
+    code = (
+        "import sys, contextlib, io\n"
+        "from jaxoff.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert main(['--help']) == 0\n"
+        "assert 'jax' not in sys.modules and 'train' in out.getvalue()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
