@@ -170,3 +170,19 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
         assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
     tx1.close()
     tx2.close()
+
+
+def test_builds_on_the_public_chunk_update_api_only():
+    # Fuyou is a strategy: it composes jaxoff.optim's public API, never its private modules
+    import ast
+    import inspect
+
+    from jaxoff.strategies import _fuyou
+
+    private = []
+    for node in ast.walk(ast.parse(inspect.getsource(_fuyou))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxoff.optim"):
+            if node.module.startswith("jaxoff.optim._"):
+                private.append(node.module)
+            private += [a.name for a in node.names if a.name.startswith("_")]
+    assert private == []

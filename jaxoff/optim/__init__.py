@@ -1,10 +1,23 @@
 """Paged optimizers: optax state and fp32 master weights in a page store, updated chunk by chunk;
-and `fused_adamw`, optax.adamw as one fused C++ pass."""
+and `fused_adamw`, optax.adamw as one fused C++ pass; the chunk-update API (`chunk_updater`)
+for strategies that page the update themselves."""
 
 from ._checkpoint import load_state as load_state
 from ._checkpoint import restore_paged as restore_paged
 from ._checkpoint import save_paged as save_paged
 from ._checks import NotElementwiseError as NotElementwiseError
+from ._chunks_api import RAM_ENTRY as RAM_ENTRY
+from ._chunks_api import ChunkUpdater as ChunkUpdater
+from ._chunks_api import EntryIO as EntryIO
+from ._chunks_api import LeafPlan as LeafPlan
+from ._chunks_api import Plan as Plan
+from ._chunks_api import chunk_updater as chunk_updater
+from ._chunks_api import ends_with_paged as ends_with_paged
+from ._chunks_api import entry_ios as entry_ios
+from ._chunks_api import path_name as path_name
+from ._chunks_api import ram_bytes as ram_bytes
+from ._chunks_api import ram_bytes_np as ram_bytes_np
+from ._chunks_api import write_chunk as write_chunk
 from ._fused import FusedAdamW as FusedAdamW
 from ._fused import FusedAdamWState as FusedAdamWState
 from ._fused import fused_adamw as fused_adamw
@@ -20,6 +33,18 @@ from ._state import PagedTensors as PagedTensors
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "RAM_ENTRY",
+    "ChunkUpdater",
+    "EntryIO",
+    "LeafPlan",
+    "Plan",
+    "chunk_updater",
+    "ends_with_paged",
+    "entry_ios",
+    "path_name",
+    "ram_bytes",
+    "ram_bytes_np",
+    "write_chunk",
     "FusedAdamW",
     "FusedAdamWState",
     "NotElementwiseError",

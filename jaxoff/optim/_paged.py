@@ -218,13 +218,7 @@ class Pager:
                 if not self._engine_given and self.engine.pool_bytes < need:
                     self.engine = dataclasses.replace(self.engine, pool_bytes=need)
                 register_file_table(self.table, self.store.file_table(), config=self.engine)
-                tabs = [self.store.chunk_table(s) for s in ("A", "B")]
-                self._ios = []
-                for ei, name in enumerate(entries):
-                    rows = tabs[0]["entry"] == ei
-                    fids = np.stack([t["file_id"][t["entry"] == ei] for t in tabs]).astype(np.int32)
-                    offs = encode(tabs[0]["offset"][rows])
-                    self._ios.append(EntryIO(fids, offs, np.dtype(entries[name][1])))
+                self._ios = entry_ios(self.store, [dt for _, dt in entries.values()])
             return self.store
 
     def split_phase_bytes(self, plan: Plan) -> int:
@@ -540,6 +534,21 @@ def encode(offsets) -> np.ndarray:
     return encode_offsets(np.asarray(offsets, np.int64)).reshape(-1, 2)
 
 
+def entry_ios(store: PageStore, storages=None) -> list[EntryIO]:
+    """Per entry of ``store`` (in store order): its chunks' file ids per slot and encoded
+    offsets, for the paging calls; ``storages``: per entry, the dtype on disk (default: the
+    store's)."""
+    if storages is None:
+        storages = [e.dtype for e in store.entries.values()]
+    tabs = [store.chunk_table(s) for s in ("A", "B")]
+    out = []
+    for ei, storage in enumerate(storages):
+        rows = tabs[0]["entry"] == ei
+        fids = np.stack([t["file_id"][t["entry"] == ei] for t in tabs]).astype(np.int32)
+        out.append(EntryIO(fids, encode(tabs[0]["offset"][rows]), np.dtype(storage)))
+    return out
+
+
 def _write_chunk(store: PageStore, name: str, i: int, x: np.ndarray) -> int:
     x = np.ascontiguousarray(x)
     store.write_chunk(name, i, x)
@@ -559,6 +568,7 @@ def ram_bytes(plan: Plan, leaves) -> jax.Array:
 
 
 def ram_bytes_np(plan: Plan, leaves) -> np.ndarray:
+    """`ram_bytes` in numpy, for concrete leaves (outside a trace)."""
     parts = []
     for x in leaves:
         x = np.asarray(x)

@@ -124,6 +124,7 @@ def _byte_width(dtype) -> int:
 
 
 def path_name(path) -> str:
+    """A parameter path as store entry names spell it (``blocks.attn.q.kernel``)."""
     name = jax.tree_util.keystr(tuple(path), simple=True, separator=".")
     return name or "root"
 

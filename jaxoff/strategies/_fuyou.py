@@ -6,8 +6,9 @@ optimizer state through the update. Here the backward pass is a hand-written rev
 the stacked blocks whose body computes layer ``j``'s gradients (the block's VJP, the block
 recomputed from its saved input as under ``nothing_saveable``) and at once pages layer ``j``'s
 fp32 master and moments through the update: split-phase reads, the chunk arithmetic of
-``jaxoff.paged`` (``Pager._compute``, so every element is bitwise what the sequential paged
-update computes) and write-behind writes that proceed while layer ``j - 1`` is differentiated.
+``jaxoff.paged`` (through its public chunk-update API, `jaxoff.optim.chunk_updater`, so every
+element is bitwise what the sequential paged update computes) and write-behind writes that
+proceed while layer ``j - 1`` is differentiated.
 The embeddings, final norm and head are updated after the scan.
 
 Store layout: each paged tensor of a stacked block leaf is stored as one entry per layer
@@ -52,20 +53,29 @@ from jax import lax
 from jax.experimental import io_callback
 
 from jaxoff._errors import ConfigError
-from jaxoff.aio import PageStore, PageStoreError
-from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file_table
+from jaxoff.aio import (
+    PageStore,
+    PageStoreError,
+    new_token,
+    page_flush,
+    page_out,
+    register_file_table,
+)
 from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
-from jaxoff.optim import _chunk
-from jaxoff.optim._paged import (
+from jaxoff.optim import (
+    RAM_ENTRY,
+    ChunkUpdater,
+    EntryIO,
     PagedTransformation,
-    Pager,
-    _write_chunk,
-    encode,
+    Plan,
+    chunk_updater,
+    ends_with_paged,
+    entry_ios,
+    path_name,
     ram_bytes,
     ram_bytes_np,
+    write_chunk,
 )
-from jaxoff.optim._pipeline import EntryIO, page_leaf
-from jaxoff.optim._plan import RAM_ENTRY, Plan, path_name
 from jaxoff.step import cross_entropy
 
 
@@ -74,7 +84,7 @@ class FuyouState(NamedTuple):
 
     Attributes:
       version: the store version this state describes (reads come from its slot).
-      crcs: per plan entry (``Pager.plan`` order), the crc32c of each chunk: ``uint32[L, n]``
+      crcs: per plan entry (``ChunkUpdater.plan`` order), the crc32c of each chunk: ``uint32[L, n]``
         for an entry of a stacked block leaf (``n`` chunks per layer), ``uint32[n]`` else;
         then ``uint32[1]`` for the ``ram`` entry.
       ram: the inner optimizer's RAM leaves (step counts, ...).
@@ -110,13 +120,10 @@ _CLIP_MESSAGE = (
 )
 
 
-def _pager(tx) -> Pager:
-    """The `Pager` of ``tx``, refusing what Fuyou cannot run, saying why and what to do."""
-    from jaxoff.optim._checks import chain_members
-
+def _updater(tx) -> ChunkUpdater:
+    """The `ChunkUpdater` of ``tx``, refusing what Fuyou cannot run, saying why and what to do."""
     if not isinstance(tx, PagedTransformation):
-        members = chain_members(tx, flatten=False)
-        if members and isinstance(getattr(members[-1].update, "__self__", None), Pager):
+        if ends_with_paged(tx):
             raise ConfigError(
                 _CLIP_MESSAGE.format(
                     ops="global operations chained before jaxoff.paged (gradient clipping, ...)"
@@ -126,15 +133,15 @@ def _pager(tx) -> Pager:
             "the fuyou strategy needs a paged optimizer: pass "
             "jaxoff.optim.paged(optax.adamw(...), store_dir, chunk_bytes=...) as tx"
         )
-    pager = tx.pager
-    if pager.pre is not None:
+    updater = chunk_updater(tx)
+    if updater.has_global_ops:
         raise ConfigError(
             _CLIP_MESSAGE.format(
                 ops="the global operations leading the chain "
                 "given to jaxoff.paged (gradient clipping, ...)"
             )
         )
-    return pager
+    return updater
 
 
 def _check_model(model_cfg) -> None:
@@ -154,12 +161,12 @@ def _check_model(model_cfg) -> None:
 
 def _layout(tx, params) -> _Layout:
     """The layout of ``params``' optimizer state (opens the store and registers its files)."""
-    pager = _pager(tx)
+    updater = _updater(tx)
     with _lock:
-        lay = _layouts.get(pager)
+        lay = _layouts.get(updater)
         if lay is not None and not lay.store.closed:
             return lay
-        plan = pager.plan(params)
+        plan = updater.plan(params)
         paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
         blocks = tuple(_is_block_path(p) for p in paths)
         if not any(blocks):
@@ -180,33 +187,24 @@ def _layout(tx, params) -> _Layout:
                 store_of.append((k, -1))
         entries[RAM_ENTRY] = ((plan.ram_nbytes,), np.dtype(np.uint8))
         store_of.append((len(plan.entries), -1))
-        store = pager.store
+        store = updater.store
         if store is None or store.closed:
             store = PageStore.open_or_create(
-                pager.root, entries, chunk_bytes=pager.chunk_bytes, slots=pager.slots
+                updater.root, entries, chunk_bytes=updater.chunk_bytes, slots=updater.slots
             )
         if list(store.entries) != list(entries):
             raise PageStoreError(
-                f"page store {pager.root} holds other entries than the fuyou layout of this "
+                f"page store {updater.root} holds other entries than the fuyou layout of this "
                 "model (a plain jaxoff.paged store?): give fuyou its own store directory"
             )
-        pager.store = store  # tx.close() releases it
-        need = pager.split_phase_bytes(plan)
-        engine = pager.engine
+        updater.store = store  # tx.close() releases it
+        need = updater.split_phase_bytes(plan)
+        engine = updater.engine
         if engine.pool_bytes < need:
             engine = dataclasses.replace(engine, pool_bytes=need)
-        table = f"jaxoff.fuyou:{pager.root}"
+        table = f"jaxoff.fuyou:{updater.root}"
         register_file_table(table, store.file_table(), config=engine)
-        tabs = [store.chunk_table(s) for s in ("A", "B")]
-        per_store = []
-        for ei in range(len(entries)):
-            rows = tabs[0]["entry"] == ei
-            per_store.append(
-                (
-                    np.stack([t["file_id"][t["entry"] == ei] for t in tabs]).astype(np.int32),
-                    encode(tabs[0]["offset"][rows]),
-                )
-            )
+        per_store = [(io.file_ids, io.offsets) for io in entry_ios(store)]
         fids: list = [[] for _ in plan.entries]
         offs: list = [[] for _ in plan.entries]
         for (k, _), (f, o) in zip(store_of[:-1], per_store[:-1], strict=True):
@@ -220,7 +218,7 @@ def _layout(tx, params) -> _Layout:
         fids.append(per_store[-1][0])
         offs.append(per_store[-1][1])
         lay = _Layout(plan, blocks, num_layers, list(entries), store_of, fids, offs, table, store)
-        _layouts[pager] = lay
+        _layouts[updater] = lay
         return lay
 
 
@@ -242,16 +240,14 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
       the `FuyouState` to put in ``TrainState.opt_state``.
     """
     _check_model(model_cfg)
-    pager = _pager(tx)
+    updater = _updater(tx)
     lay = _layout(tx, params)
     plan, store = lay.plan, lay.store
     with jax.ensure_compile_time_eval():
-        ram = [np.asarray(x) for x in _chunk.ram_init(plan, pager.inner, pager.master_dtype)]
+        ram = [np.asarray(x) for x in updater.ram_init(plan)]
     crcs: dict[str, list[int]] = {}
     for leaf, p in zip(plan.leaves, plan.params_def.flatten_up_to(params), strict=True):
-        init = jax.jit(
-            functools.partial(_chunk.chunk_init, plan, pager.inner, pager.master_dtype, leaf.index)
-        )
+        init = jax.jit(functools.partial(updater.chunk_init, plan, leaf.index))
         p = np.asarray(p)
         layers = list(p) if lay.blocks[leaf.index] else [p]
         suffixes = [f"@{j}" for j in range(len(layers))] if lay.blocks[leaf.index] else [""]
@@ -261,7 +257,7 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
             for c in range(n_full + (1 if tail else 0)):
                 pc = flat[c * leaf.chunk_elems :][: leaf.chunk_elems]
                 if leaf.master:
-                    pc = pc.astype(pager.master_dtype)
+                    pc = pc.astype(updater.master_dtype)
                 chunks = [np.asarray(y) for y in init(pc)]
                 if leaf.master:
                     chunks = [pc, *chunks]
@@ -269,9 +265,9 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
                     e = plan.entries[k]
                     name = e.name + suffix
                     crcs.setdefault(name, []).append(
-                        _write_chunk(store, name, c, y.astype(e.storage))
+                        write_chunk(store, name, c, y.astype(e.storage))
                     )
-    crcs[RAM_ENTRY] = [_write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
+    crcs[RAM_ENTRY] = [write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
     version = store.commit(crcs)
     out = []
     for e in plan.entries:
@@ -311,7 +307,7 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
       ConfigError: ``tx`` is not a paged optimizer, or holds a global operation (clipping).
     """
     _check_model(model_cfg)
-    pager = _pager(tx)
+    updater = _updater(tx)
     cfg = model_cfg
 
     # the model protocol's two ends (jaxoff.nn): the blocks in between are run here
@@ -376,33 +372,18 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
         g_back, gh = back_vjp(jnp.ones((), loss.dtype))
 
         inner_ram = list(opt.ram)
-        new_ram = _chunk.ram_update(plan, pager.inner, pager.master_dtype, inner_ram, {})
+        new_ram = updater.ram_update(plan, inner_ram, {})
         read_slot = (opt.version % 2).astype(jnp.int32)
         new_crcs: list = [None] * (len(plan.entries) + 1)
 
         def update_leaf(leaf, g, p, crcs, fids, offs, tok):
-            n_full, tail = _layer_chunks(lay, leaf)
             ios = [
                 EntryIO(f, o, plan.entries[k].storage)
                 for k, f, o in zip(leaf.entries, fids, offs, strict=True)
             ]
-            compute = functools.partial(
-                pager._compute, plan, leaf, g.reshape(-1), p.reshape(-1), inner_ram, {}, True
+            return updater.update_leaf(
+                lay.table, plan, leaf, g, p, inner_ram, ios, crcs, read_slot, tok, extra={}
             )
-            out, crcs, tok = page_leaf(
-                lay.table,
-                ios,
-                crcs,
-                read_slot,
-                leaf.chunk_elems,
-                n_full,
-                tail,
-                p.reshape(-1),
-                compute,
-                tok,
-                split_phase=True,
-            )
-            return out.reshape(p.shape), crcs, tok
 
         bleaves = [plan.leaves[i] for i in bidx]
 
