@@ -12,7 +12,8 @@ import optax
 
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
-from jaxoff.placement import check_export, get_placement, jit_step, streamed_model
+from jaxoff.placement import get_placement, jit_step, streamed_model
+from jaxoff.step import check_placement_export
 from jaxoff.train import init_state, make_train_step
 
 cfg = with_stack(CONFIGS["tiny"], policy="nothing_saveable")  # streaming = full remat
@@ -38,7 +39,7 @@ for name in ("host_params_stream1", "host_params_stream2"):
         for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(state), strict=True)
     )
     kind = jax.tree.leaves(state.params)[0].sharding.memory_kind
-    report, problems = check_export(cfg, name, tx, 4, 32, "cuda")
+    report, problems = check_placement_export(cfg, name, tx, 4, 32, "cuda")
     print(
         f"{name}: loss {loss:.4f} (device {ref_loss:.4f}), bitwise equal: {same}, "
         f"params in {kind}; cuda export: copies inside layer loops {report.placements_in_loops}"

@@ -37,7 +37,7 @@ _EXPORTS = {
     "TrainConfig": (".train", "TrainConfig"),
     "TrainResult": (".train", "TrainResult"),
     "TrainState": (".train", "TrainState"),
-    "train": (".train", "train"),
+    "train": (".train", None),  # the package, which is also callable: jaxoff.train(cfg)
 }
 
 __all__ = sorted(_EXPORTS)
@@ -47,7 +47,8 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'jaxoff' has no attribute {name!r}")
     module, attr = _EXPORTS[name]
-    value = getattr(importlib.import_module(module, __name__), attr)
+    value = importlib.import_module(module, __name__)
+    value = value if attr is None else getattr(value, attr)
     globals()[name] = value
     return value
 

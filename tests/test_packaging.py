@@ -48,3 +48,14 @@ def test_jaxoff_help_imports_no_jax():
         "assert 'jax' not in sys.modules and 'train' in out.getvalue()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_jaxoff_train_is_callable_however_it_was_imported():
+    code = (
+        "import jaxoff\n"
+        "from jaxoff.train import TrainConfig\n"  # binds jaxoff.train to the package first
+        "assert callable(jaxoff.train) and jaxoff.train.TrainConfig is TrainConfig\n"
+        "jaxoff.train.train = lambda cfg, model=None: ('trained', cfg, model)\n"
+        "assert jaxoff.train('cfg', model='m') == ('trained', 'cfg', 'm')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

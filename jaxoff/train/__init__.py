@@ -1,5 +1,8 @@
 """Training: config, data, the jitted step, the loop with metrics and checkpoints."""
 
+import sys as _sys
+import types as _types
+
 from ..step import TrainState as TrainState
 from ..step import abstract_state as abstract_state
 from ..step import init_state as init_state
@@ -27,3 +30,18 @@ __all__ = [
     "read_metrics",
     "train",
 ]
+
+
+class _CallableTrainPackage(_types.ModuleType):
+    """``jaxoff.train`` is this package and, called, :func:`train`: ``jaxoff.train(cfg)``.
+
+    ``jaxoff`` imports its names lazily, and importing a subpackage binds its name in the parent
+    (``jaxoff.train``, the package) after the package has run, so the function cannot take
+    the name; the package answers the call instead.
+    """
+
+    def __call__(self, cfg, model=None):
+        return train(cfg, model)
+
+
+_sys.modules[__name__].__class__ = _CallableTrainPackage
