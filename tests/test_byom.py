@@ -20,6 +20,11 @@ SPEC = "tests.byom_model:build"
 SMALL = ["--batch-size", "4", "--seq-len", "32"]
 
 
+def _cli(command: str, *args) -> int:
+    """``jaxoff COMMAND --model SPEC`` at the small shape, then ``args`` (as strings)."""
+    return main([command, "--model", SPEC, *SMALL, *(str(a) for a in args)])
+
+
 def test_load_model_names_a_factory_and_counts_its_parameters():
     cfg = load_model(SPEC)
     assert isinstance(cfg, MixerConfig) and cfg.name == SPEC
@@ -30,30 +35,11 @@ def test_load_model_names_a_factory_and_counts_its_parameters():
 
 def test_train_from_the_command_line_with_loss_falling(tmp_path):
     out = tmp_path / "run"
-    args = [
-        "train",
-        "--model",
-        SPEC,
-        *SMALL,
-        "--steps",
-        "12",
-        "--lr",
-        "1e-2",
-        "--warmup-steps",
-        "2",
-        "--eval-every",
-        "0",
-        "--ckpt-every",
-        "0",
-        "--no-progress",
-        "--store",
-        "none",
-        "--policy",
-        "full",
-        "--out-dir",
-        str(out),
-    ]
-    assert main(args) == 0
+    options = "--steps 12 --lr 1e-2 --warmup-steps 2 --eval-every 0 --ckpt-every 0 --no-progress"
+    assert (
+        _cli("train", *options.split(), *"--store none --policy full".split(), "--out-dir", out)
+        == 0
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 12 and np.mean(losses[-3:]) < np.mean(losses[:3])
@@ -91,25 +77,17 @@ def test_policies_and_placements_act_on_the_models_own_names():
 
 def test_compare_policies_placements_and_strategies(tmp_path):
     out = tmp_path / "cmp"
+    policies = "none,full,mixed=remat;*=device"
+    placements = "device,host_params_stream1"
     assert (
-        main(
-            [
-                "compare",
-                "--model",
-                SPEC,
-                *SMALL,
-                "--steps",
-                "1",
-                "--warmup",
-                "1",
-                "--policies",
-                "none,full,mixed=remat;*=device",
-                "--no-isolate",
-                "--placements",
-                "device,host_params_stream1",
-                "--out-dir",
-                str(out),
-            ]
+        _cli(
+            "compare",
+            *"--steps 1 --warmup 1 --no-isolate --policies".split(),
+            policies,
+            "--placements",
+            placements,
+            "--out-dir",
+            out,
         )
         == 0
     )
@@ -120,63 +98,29 @@ def test_compare_policies_placements_and_strategies(tmp_path):
         ("full", "host_params_stream1"),
     }
     out = tmp_path / "strat"
+    strategies = "vdnn,chen_sqrt,l2l,zero_infinity,fuyou"
     assert (
-        main(
-            [
-                "compare",
-                "--model",
-                SPEC,
-                *SMALL,
-                "--steps",
-                "1",
-                "--warmup",
-                "1",
-                "--strategies",
-                "vdnn,chen_sqrt,l2l,zero_infinity,fuyou",
-                "--device-mem",
-                "64MiB",
-                "--out-dir",
-                str(out),
-            ]
+        _cli(
+            "compare",
+            *"--steps 1 --warmup 1 --device-mem 64MiB --strategies".split(),
+            strategies,
+            "--out-dir",
+            out,
         )
         == 0
     )
     record = json.loads((out / "compare.json").read_text())
-    assert {r["strategy"] for r in record["strategies"]} == {
-        "vdnn",
-        "chen_sqrt",
-        "l2l",
-        "zero_infinity",
-        "fuyou",
-    }, record["not_run"]
+    assert {r["strategy"] for r in record["strategies"]} == set(strategies.split(",")), record[
+        "not_run"
+    ]
 
 
 def test_plan_then_train_the_plan(tmp_path):
     plan = tmp_path / "plan.json"
-    assert main(["plan", "--model", SPEC, *SMALL, "--device-mem", "8MiB", "--out", str(plan)]) == 0
+    assert _cli("plan", "--device-mem", "8MiB", "--out", plan) == 0
     assert json.loads(plan.read_text())["model"] == SPEC
-    assert (
-        main(
-            [
-                "train",
-                "--model",
-                SPEC,
-                *SMALL,
-                "--steps",
-                "2",
-                "--plan",
-                str(plan),
-                "--eval-every",
-                "0",
-                "--ckpt-every",
-                "0",
-                "--no-progress",
-                "--out-dir",
-                str(tmp_path / "run"),
-            ]
-        )
-        == 0
-    )
+    train_args = "--steps 2 --eval-every 0 --ckpt-every 0 --no-progress".split()
+    assert _cli("train", *train_args, "--plan", plan, "--out-dir", tmp_path / "run") == 0
 
 
 @pytest.mark.parametrize(
