@@ -1,0 +1,57 @@
+"""Fault points: named places where a crash-consistency test can make the process die.
+
+``JAXOFF_FAULT="name:n"`` kills this process with SIGKILL the ``n``-th time (1-based)
+:func:`point` is reached with that name; several such items may be given, separated by
+commas (``"store.commit:3,checkpoint.orbax:1"``). Without the variable, :func:`point` is one
+dictionary lookup. The suite in ``tests/test_faults.py`` uses these points to kill
+``jaxoff train`` inside each writer (store pages, commits, both checkpoint writers, the
+metrics log) and checks that ``--resume`` then finishes bitwise equal to an uninterrupted run.
+
+Points (see ``POINTS``) are reached in this order within a training step: the step's page
+writes and commit, the metrics line, then the checkpoint writers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+# name -> where it is reached (kept in step with the calls; tests assert each is reachable)
+POINTS: dict[str, str] = {
+    "train.init": "after the run directory is prepared, before the first state exists",
+    "train.step": "after a step has run, before its metrics line is written",
+    "train.metrics": "after a step's metrics line is written, before its checkpoint",
+    "store.write": "between chunk writes of a paged optimizer step (before its commit)",
+    "store.commit": "inside a page store commit, before the new manifest replaces the old",
+    "checkpoint.paged": "between chunks of a paged checkpoint being written",
+    "checkpoint.orbax": "after the paged checkpoint, before the orbax checkpoint is written",
+    "checkpoint.done": "after both checkpoint writers, before old checkpoints are removed",
+}
+
+_armed: dict[str, int] | None = None
+_counts: dict[str, int] = {}
+
+
+def _parse(spec: str) -> dict[str, int]:
+    armed: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, n = item.partition(":")
+        if name not in POINTS:
+            raise ValueError(f"JAXOFF_FAULT: unknown fault point {name!r}; known: {sorted(POINTS)}")
+        armed[name] = int(n or 1)
+    return armed
+
+
+def point(name: str) -> None:
+    """Dies with SIGKILL here if ``JAXOFF_FAULT`` arms ``name`` for this visit."""
+    global _armed
+    if _armed is None:
+        _armed = _parse(os.environ.get("JAXOFF_FAULT", ""))
+    if not _armed:
+        return
+    n = _armed.get(name)
+    if n is None:
+        return
+    _counts[name] = _counts.get(name, 0) + 1
+    if _counts[name] == n:
+        os.kill(os.getpid(), signal.SIGKILL)
