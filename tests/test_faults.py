@@ -1,0 +1,472 @@
+"""Fault injection: `jaxoff train` killed, starved of disk and corrupted, as a user's run is.
+
+Every scenario runs real ``jaxoff train`` processes on the ``tiny`` model with a paged
+optimizer, and every scenario that can finish ends bitwise equal to one uninterrupted run of
+the same options: each step's loss and gradient norm logged exactly once, the final
+parameters, and the final paged optimizer state (its checkpoint's page files byte for byte).
+
+- SIGKILL at the fault points of :mod:`jaxoff._faults` (init, steps, metrics line, page
+  writes, store commits, the paged and the orbax checkpoint writers), in chains of 10 kills
+  for a 2-slot and a 1-slot store, each kill followed by ``--resume``; and SIGKILL at random
+  times.
+- Corruption of every kind of file jaxoff writes: the working store (pages and manifest) is
+  rebuilt from the checkpoint by ``--resume``; a damaged checkpoint (paged or orbax), config
+  or manifest is refused with one line naming the file, and ``--fallback-checkpoint`` then
+  resumes from the previous checkpoint.
+- ENOSPC on a small tmpfs at the store, the paged checkpoint and the orbax checkpoint, and
+  RLIMIT_FSIZE at the store and the orbax checkpoint: one line, then ``--resume`` with room.
+- Two processes on one run directory and on one store, with ``--resume`` and ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from jaxoff._faults import POINTS
+from jaxoff.train import read_metrics
+
+pytestmark = [pytest.mark.faults, pytest.mark.subprocess]
+
+STEPS = 24
+ARGS = [
+    "--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--eval-every", "0",
+    "--ckpt-every", "2", "--keep-checkpoints", "2", "--no-progress", "--chunk-mib", "1",
+]  # fmt: skip
+FALLBACK = "--fallback-checkpoint"
+# bounds a child only to catch a hang; never reached by a slow machine
+TIMEOUT_S = 900 * float(os.environ.get("JAXOFF_TEST_TIMEOUT_SCALE", "1"))
+
+
+def _env(cache: Path | None, fault: str | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop("JAXOFF_FAULT", None)
+    if fault:
+        env["JAXOFF_FAULT"] = fault
+    if cache is not None:  # the children share compiled programs (tracing still runs)
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    return env
+
+
+def _fsize_limit(limit: int):
+    def preexec():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death by signal
+
+    return preexec
+
+
+@dataclasses.dataclass
+class Jaxoff:
+    """Runs ``jaxoff train`` children with the suite's options and a shared compile cache."""
+
+    cache: Path
+
+    def cmd(self, run: Path, *extra: str, steps: int = STEPS) -> list[str]:
+        return [
+            sys.executable, "-m", "jaxoff.cli", "train", *ARGS,
+            "--steps", str(steps), "--out-dir", str(run), *extra,
+        ]  # fmt: skip
+
+    def train(
+        self, run: Path, *extra: str, fault=None, rlimit=None, steps=STEPS
+    ) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(
+                self.cmd(run, *extra, steps=steps),
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                env=_env(None if rlimit else self.cache, fault),
+                preexec_fn=_fsize_limit(rlimit) if rlimit else None,
+            )
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"jaxoff train hung (no exit in {TIMEOUT_S:.0f} s): {e.cmd}")
+
+    def start(self, run: Path, *extra: str, steps=STEPS) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.cmd(run, *extra, steps=steps),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(self.cache),
+        )
+
+
+def _ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stderr
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The failure is one line ``jaxoff train: error: ...`` and no traceback; returns it."""
+    assert proc.returncode not in (0, -9), f"exit {proc.returncode}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("jaxoff train: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr
+    return errors[0]
+
+
+def _latest(run: Path) -> int:
+    return max(int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit())
+
+
+@dataclasses.dataclass
+class Record:
+    """What must be bitwise equal between two runs of the same options."""
+
+    steps: list[int]
+    losses: list[float]
+    grad_norms: list[float]
+    params: list[np.ndarray]
+    step: int
+    paged: dict[str, bytes]
+
+    @classmethod
+    def of(cls, run: Path) -> Record:
+        metrics = read_metrics(run / "metrics.jsonl")
+        last = _latest(run)
+        with ocp.StandardCheckpointer() as ckpt:
+            saved = ckpt.restore(run / "checkpoints" / str(last) / "default")
+        paged = run / "checkpoints_paged" / str(last)
+        return cls(
+            steps=[r["step"] for r in metrics],
+            losses=[r["loss"] for r in metrics],
+            grad_norms=[r["grad_norm"] for r in metrics],
+            params=[np.asarray(x) for x in jax.tree.leaves(saved["params"])],
+            step=int(np.asarray(saved["step"]).reshape(-1)[0]),
+            paged={p.name: p.read_bytes() for p in sorted(paged.glob("*.page"))},
+        )
+
+    def assert_equals(self, want: Record) -> None:
+        assert self.steps == list(range(1, STEPS + 1)), f"steps logged: {self.steps}"
+        assert self.losses == want.losses
+        assert self.grad_norms == want.grad_norms
+        assert self.step == want.step == STEPS
+        assert len(self.params) == len(want.params)
+        for a, b in zip(self.params, want.params, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        assert self.paged.keys() == want.paged.keys() and self.paged, sorted(self.paged)
+        differing = [name for name in want.paged if self.paged[name] != want.paged[name]]
+        assert not differing, f"paged optimizer state differs in {differing}"
+
+
+@dataclasses.dataclass
+class Baseline:
+    run: Path
+    record: Record
+    wall_s: float
+
+    def bytes_of(self, sub: str) -> int:
+        return sum(f.stat().st_size for f in (self.run / sub).rglob("*") if f.is_file())
+
+    def largest(self, sub: str) -> int:
+        return max(f.stat().st_size for f in (self.run / sub).rglob("*") if f.is_file())
+
+
+@pytest.fixture(scope="session")
+def jaxoff(tmp_path_factory) -> Jaxoff:
+    # shared by xdist workers: the parent of a worker's base temp is the session's
+    cache = tmp_path_factory.getbasetemp().parent / "jaxoff-faults-jax-cache"
+    cache.mkdir(exist_ok=True)
+    return Jaxoff(cache)
+
+
+@pytest.fixture(scope="session")
+def baseline(jaxoff, tmp_path_factory) -> Baseline:
+    run = tmp_path_factory.mktemp("baseline") / "run"
+    t = time.perf_counter()
+    _ok(jaxoff.train(run, "--store", "auto", "--store-slots", "2"))
+    wall = time.perf_counter() - t
+    record = Record.of(run)
+    assert record.losses[-1] < record.losses[0]  # it trains
+    return Baseline(run, record, wall)
+
+
+# --- SIGKILL at fault points -------------------------------------------------------------------
+
+# points reached at most once before the run's next checkpoint completes: a kill there costs at
+# most one checkpoint interval, so 10 kills fit in the run
+_ONCE = ["train.init", "checkpoint.paged", "checkpoint.orbax", "checkpoint.done"]
+_PER_STEP = ["train.step", "train.metrics", "store.write", "store.commit"]
+
+
+def _kill_plan(seed: int, kills: int = 10) -> list[str]:
+    """Every fault point at least once, the rest drawn at random, in a random order."""
+    rng = random.Random(seed)
+    names = list(POINTS) + [rng.choice(list(POINTS)) for _ in range(kills - len(POINTS))]
+    rng.shuffle(names)
+    return [f"{n}:1" if n in _ONCE else f"{n}:{rng.randint(1, 2)}" for n in names]
+
+
+def test_kill_plan_covers_every_fault_point():
+    assert set(_ONCE + _PER_STEP) == set(POINTS)
+    for seed in (1, 2):
+        plan = _kill_plan(seed)
+        assert len(plan) == 10 and {p.split(":")[0] for p in plan} == set(POINTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slots,seed", [(2, 1), (1, 2)])
+def test_sigkill_at_ten_fault_points_then_resume_is_bitwise(
+    jaxoff, baseline, tmp_path, slots, seed
+):
+    run = tmp_path / "run"
+    opts = ("--store", "auto", "--store-slots", str(slots))
+    for i, fault in enumerate(_kill_plan(seed)):
+        proc = jaxoff.train(run, *opts, *(("--resume",) if i else ()), fault=fault)
+        assert proc.returncode == -signal.SIGKILL, (
+            f"kill {i} at {fault} (seed {seed}) was not reached: exit {proc.returncode}\n"
+            f"{proc.stderr}"
+        )
+    _ok(jaxoff.train(run, *opts, "--resume"))
+    Record.of(run).assert_equals(baseline.record)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sigkill_at_a_random_time_then_resume_is_bitwise(jaxoff, baseline, tmp_path, seed):
+    run = tmp_path / "run"
+    opts = ("--store", "auto", "--store-slots", str(1 + seed % 2))
+    delay = random.Random(seed).uniform(0.2, 1.0) * baseline.wall_s
+    child = jaxoff.start(run, *opts)
+    try:
+        child.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGKILL)
+    child.communicate(timeout=TIMEOUT_S)
+    # killed before the run directory existed: there is nothing to resume, start it
+    resume = ("--resume",) if (run / "config.json").exists() else ()
+    _ok(jaxoff.train(run, *opts, *resume))
+    Record.of(run).assert_equals(baseline.record)
+
+
+# --- corrupted files ---------------------------------------------------------------------------
+
+
+def _flip(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _largest_file(directory: Path) -> Path:
+    return max((f for f in directory.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+
+
+def _store_pages(run: Path) -> list[Path]:
+    return sorted((run / "store" / "data").glob("*.page"))
+
+
+def _manifest_shape_swap(run: Path) -> None:
+    """Edits a shape in the store manifest, keeping its byte count ([5, 4, 32] -> [5, 32, 4])."""
+    path = run / "store" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    entry = next(e for e in manifest["entries"].values() if e["shape"] == [5, 4, 32])
+    entry["shape"] = [5, 32, 4]
+    path.write_text(json.dumps(manifest, indent=1))
+
+
+def _lr_in_config(run: Path) -> None:
+    path = run / "config.json"
+    text = path.read_text()
+    assert '"lr": 0.003' in text
+    path.write_text(text.replace('"lr": 0.003', '"lr": 0.002'))
+
+
+def _torn_metrics(run: Path) -> None:
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "loss": 2.')
+
+
+# working-store damage: --resume rebuilds the store from the checkpoint and says so
+HEALED = {
+    "store page flipped": lambda run: [_flip(p) for p in _store_pages(run)[:4]],
+    "store page truncated": lambda run: os.truncate(_store_pages(run)[0], 100),
+    "store page missing": lambda run: _store_pages(run)[-1].unlink(),
+    "store manifest shape edited": _manifest_shape_swap,
+    "store manifest truncated": lambda run: os.truncate(run / "store" / "manifest.json", 50),
+    "metrics line torn": _torn_metrics,
+}
+
+# checkpoint damage: refused with the file named; --fallback-checkpoint resumes from the previous
+REFUSED = {
+    "paged checkpoint page": lambda run: _flip(_largest_file(run / "checkpoints_paged" / "12")),
+    "paged checkpoint json": lambda run: _flip(run / "checkpoints_paged" / "12" / "paged.json", 60),
+    "orbax checkpoint data": lambda run: _flip(_largest_file(run / "checkpoints" / "12")),
+    "orbax checkpoint metadata": lambda run: _flip(
+        run / "checkpoints" / "12" / "default" / "_METADATA", 40
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def stopped_run(jaxoff, tmp_path_factory) -> Path:
+    """A run stopped at step 12 (checkpoints 10 and 12), copied by each corruption test."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    _ok(jaxoff.train(run, "--store", "auto", "--stop-at", "12"))
+    assert _latest(run) == 12
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(HEALED))
+def test_damaged_working_files_are_healed_by_resume(jaxoff, baseline, stopped_run, tmp_path, kind):
+    run = tmp_path / "moved-run"  # also resumes where the run directory now lies
+    shutil.copytree(stopped_run, run)
+    HEALED[kind](run)
+    err = _ok(jaxoff.train(run, "--store", "auto", "--resume"))
+    if kind.startswith("store"):
+        assert "rebuil" in err.lower(), err  # says that it rebuilt the working store
+    Record.of(run).assert_equals(baseline.record)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(REFUSED))
+def test_damaged_checkpoints_are_refused_then_fall_back(
+    jaxoff, baseline, stopped_run, tmp_path, kind
+):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    REFUSED[kind](run)
+    before = Record.of(run).steps
+    error = _one_line_error(jaxoff.train(run, "--store", "auto", "--resume"))
+    assert "12" in error and FALLBACK in error, error  # names the checkpoint and the way out
+    assert Record.of(run).steps == before  # nothing trained, nothing lost
+    _ok(jaxoff.train(run, "--store", "auto", "--resume", FALLBACK))
+    Record.of(run).assert_equals(baseline.record)
+
+
+def test_a_config_edited_by_hand_is_refused(jaxoff, stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    _lr_in_config(run)
+    error = _one_line_error(jaxoff.train(run, "--store", "auto", "--resume"))
+    assert "lr" in error and "config.json" in error, error
+
+
+# --- full disks and file size limits ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: int):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield lambda new: subprocess.run(
+            ["mount", "-o", f"remount,size={new}", str(path)], check=True
+        )
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _page_round(n: int) -> int:
+    return -(-n // 4096) * 4096
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["store", "paged checkpoint", "orbax checkpoint"])
+def test_disk_full_at_each_writer_then_resume_is_bitwise(jaxoff, baseline, tmp_path, writer):
+    store_bytes = baseline.bytes_of("store")
+    paged = baseline.bytes_of("checkpoints_paged") // 2  # two checkpoints are kept
+    orbax = baseline.bytes_of("checkpoints") // 2
+    slack = 1 << 20  # config, metrics, orbax's small files, tmpfs bookkeeping
+    if writer == "store":  # the store is on the small disk, the run directory is not
+        disk, run, opts = tmp_path / "disk", tmp_path / "run", ("--store", str(tmp_path / "disk"))
+        size = store_bytes // 2
+    else:  # the run directory with its checkpoints is on the small disk, the store is not
+        disk, run = tmp_path / "disk", tmp_path / "disk" / "run"
+        opts = ("--store", str(tmp_path / "store"))
+        one = orbax + paged  # checkpoint 2 fits; checkpoint 4 fails in its first or second writer
+        size = one + slack + (paged // 2 if writer == "paged checkpoint" else paged + orbax // 2)
+    with _tmpfs(disk, _page_round(size)) as resize:
+        error = _one_line_error(jaxoff.train(run, *opts))
+        assert "space" in error.lower(), error
+        resize(_page_round(4 * (store_bytes + paged + orbax)))
+        # a run that failed before its first checkpoint resumes from the start
+        _ok(jaxoff.train(run, *opts, *(("--resume",) if (run / "config.json").exists() else ())))
+        Record.of(run).assert_equals(baseline.record)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["store", "orbax checkpoint"])
+def test_file_size_limit_at_a_writer_then_resume_is_bitwise(jaxoff, baseline, tmp_path, writer):
+    store_file = baseline.largest("store")
+    orbax_file = baseline.largest("checkpoints")
+    assert orbax_file > store_file  # the orbax checkpoint writes the run's largest file
+    limit = store_file // 2 if writer == "store" else (store_file + orbax_file) // 2
+    run = tmp_path / "run"
+    error = _one_line_error(jaxoff.train(run, "--store", "auto", rlimit=limit))
+    assert "size limit" in error.lower() or "too large" in error.lower(), error
+    _ok(jaxoff.train(run, "--store", "auto", "--resume"))
+    Record.of(run).assert_equals(baseline.record)
+
+
+# --- two processes ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_second_process_on_a_live_run_or_its_store_is_refused(jaxoff, tmp_path):
+    run, store = tmp_path / "run", tmp_path / "store"
+    live = jaxoff.start(run, "--store", str(store), "--ckpt-every", "50", steps=10**6)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert live.poll() is None, live.communicate()[1]
+            assert time.monotonic() < deadline, "the first run never logged a step"
+            time.sleep(0.5)
+        others = {
+            "overwrite": jaxoff.train(run, "--store", str(store), "--overwrite", steps=10**6),
+            "resume": jaxoff.train(run, "--store", str(store), "--resume", steps=10**6),
+            "plain": jaxoff.train(run, "--store", str(store), steps=10**6),
+            "same store": jaxoff.train(tmp_path / "other", "--store", str(store)),
+        }
+        for what, proc in others.items():
+            error = _one_line_error(proc)
+            assert "pid" in error.lower() or "in use" in error.lower() or "lock" in error.lower(), (
+                what,
+                error,
+            )
+        assert live.poll() is None, "the live run died"
+        lines = len(read_metrics(run / "metrics.jsonl"))
+        assert (run / "config.json").exists() and (store / "manifest.json").exists()
+        assert json.loads((run / "config.json").read_text())["steps"] == 10**6
+        assert not (tmp_path / "other" / "metrics.jsonl").exists()
+        time.sleep(1.0)
+        assert len(read_metrics(run / "metrics.jsonl")) >= lines  # still training, log intact
+    finally:
+        live.send_signal(signal.SIGKILL)
+        live.communicate(timeout=TIMEOUT_S)
+    # the killed run resumes (its checkpoint or, before one, from the start)
+    latest = (
+        _latest(run)
+        if (run / "checkpoints").exists()
+        and any(d.name.isdigit() for d in (run / "checkpoints").iterdir())
+        else 0
+    )
+    proc = jaxoff.train(
+        run, "--store", str(store), "--resume", "--stop-at", str(latest + 2), steps=10**6
+    )
+    _ok(proc)
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == latest + 2
