@@ -1,32 +1,54 @@
-"""orbax checkpoints of the TrainState, plus the run's config to refuse a mismatched resume."""
+"""orbax checkpoints of the TrainState, checksummed, plus the run's config to refuse a
+mismatched resume."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import orbax.checkpoint as ocp
 
-from .._errors import ConfigError
+from .. import _faults
+from .._errors import ConfigError, JaxoffError
+from ._checksums import CheckpointDamagedError, has_checksums, write_checksums
+
+_FULL = {
+    errno.ENOSPC: "no space left on the disk",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file size limit reached",
+}
 
 
 class Checkpoints:
     """Saves and restores TrainStates under ``<out_dir>/checkpoints``.
 
     With a paged optimizer (``tx`` from ``jaxoff.paged``) the page store's committed version
-    is streamed chunk by chunk into ``<out_dir>/checkpoints_paged/<step>`` first; the orbax
-    checkpoint of the same step, written second, is what makes the step count as saved.
+    is streamed chunk by chunk into ``<out_dir>/checkpoints_paged/<step>`` first, the orbax
+    checkpoint of the same step second; the step counts as saved once ``checksums.json`` is in
+    its orbax directory (see ``_checksums``), and only then are old checkpoints removed.
     """
 
     def __init__(self, out_dir: Path, keep: int, tx=None):
-        self.directory = (Path(out_dir) / "checkpoints").absolute()
-        self.paged_directory = (Path(out_dir) / "checkpoints_paged").absolute()
+        self.out_dir = Path(out_dir).absolute()
+        self.directory = self.out_dir / "checkpoints"
+        self.paged_directory = self.out_dir / "checkpoints_paged"
+        self.keep = keep
         self._tx = tx if _is_paged(tx) else None
+        _quiet_orbax_disk_full()
+        # retention is ours (max_to_keep=None): orbax would delete the previous checkpoint
+        # before this one has its checksums, i.e. before it counts as saved
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, create=True, enable_async_checkpointing=False
+                max_to_keep=None,
+                create=True,
+                enable_async_checkpointing=False,
+                cleanup_tmp_directories=True,
             ),
         )
 
@@ -34,46 +56,133 @@ class Checkpoints:
     def paged(self) -> bool:
         return self._tx is not None
 
-    def latest_step(self) -> int | None:
-        return self._manager.latest_step()
-
     def save(self, step: int, state) -> None:
-        if self.paged:
-            from ..optim import save_paged
+        """Writes checkpoint ``step``; a full disk raises a one-line :class:`JaxoffError`."""
+        try:
+            if self.paged:
+                from ..optim import save_paged
 
-            save_paged(self._tx, state.opt_state, self.paged_directory / str(step))
-        self._manager.save(step, args=ocp.args.StandardSave(state))
-        self._manager.wait_until_finished()
-        if self.paged:
-            kept = {str(s) for s in self._manager.all_steps()}
-            for d in self.paged_directory.iterdir():
-                if d.name not in kept:
-                    shutil.rmtree(d, ignore_errors=True)
+                save_paged(self._tx, state.opt_state, self.paged_directory / str(step))
+            _faults.point("checkpoint.orbax")
+            self._manager.save(step, args=ocp.args.StandardSave(state))
+            self._manager.wait_until_finished()
+            write_checksums(
+                self.out_dir,
+                self.directory / str(step),
+                [self.paged_directory / str(step) / "paged.json"],
+            )
+        except (OSError, ValueError, JaxoffError) as e:
+            full = disk_full_error(e, step, self.directory / str(step))
+            if full is None:
+                raise
+            raise full from None
+        _faults.point("checkpoint.done")
+        for old in complete_steps(self.directory)[: -self.keep]:
+            self.discard(old)
+        for d in self.paged_directory.glob("*"):  # left by a failed save, or by an old run
+            if d.name not in {str(s) for s in complete_steps(self.directory)}:
+                shutil.rmtree(d, ignore_errors=True)
+
+    def discard(self, step: int) -> None:
+        """Deletes checkpoint ``step`` (both parts)."""
+        shutil.rmtree(self.directory / str(step), ignore_errors=True)
+        shutil.rmtree(self.paged_directory / str(step), ignore_errors=True)
+        self._manager.reload()
 
     def restore(self, step: int, abstract_state):
         return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
     def restore_paged(self, tx, step: int, params):
-        """Writes the paged state of checkpoint ``step`` into ``tx``'s store; its opt_state."""
+        """Writes the paged state of checkpoint ``step`` into ``tx``'s store; its opt_state.
+
+        Raises:
+          CheckpointDamagedError: a chunk of the checkpoint fails its checksum.
+        """
+        from ..aio import PageStoreCorruptError
         from ..optim import restore_paged
 
         directory = self.paged_directory / str(step)
         if not directory.is_dir():
             raise ConfigError(
                 f"--resume: checkpoint {step} has no paged optimizer state in {directory}; "
-                f"it was written without --store (resume without --store)"
+                f"it was written without --store (resume with --store none)"
             )
-        return restore_paged(tx, directory, params)
+        try:
+            return restore_paged(tx, directory, params)
+        except PageStoreCorruptError as e:  # the working store was checked before: the copy
+            raise CheckpointDamagedError(str(e).removeprefix("restore_paged: ")) from None
 
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
 
 
+# orbax logs a failed write, with its traceback, before raising it; a full disk is then said
+# once, in one line, by `disk_full_error`
+_ABSL_LOG = logging.getLogger("absl")
+
+
+def _drop_disk_full_records(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not any(f"os_error_code='{code}'" in message for code in _FULL)
+
+
+def _quiet_orbax_disk_full() -> None:
+    """After a failed orbax write, tensorstore's pending callbacks find their event loop
+    closed and each prints a traceback (an "unraisable" error) around the error that matters;
+    those, and only those, are dropped, as are orbax's log records of a full disk."""
+    _ABSL_LOG.addFilter(_drop_disk_full_records)  # a no-op when already there
+    previous = sys.unraisablehook
+    if getattr(previous, "_jaxoff_quiet", False):
+        return
+
+    def hook(unraisable):
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook._jaxoff_quiet = True
+    sys.unraisablehook = hook
+
+
 def _is_paged(tx) -> bool:
     from ..optim import PagedTransformation
 
     return isinstance(tx, PagedTransformation)
+
+
+def step_dirs(directory: Path) -> list[int]:
+    """Steps that have a directory under ``directory``, saved or not, in ascending order."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(d.name) for d in directory.iterdir() if d.name.isdigit() and d.is_dir())
+
+
+def complete_steps(directory: Path) -> list[int]:
+    """Steps whose checkpoint was saved completely (it has its checksums), ascending."""
+    return [s for s in step_dirs(directory) if has_checksums(directory / str(s))]
+
+
+def disk_full_error(e: BaseException, step: int, default_path: Path) -> JaxoffError | None:
+    """A one-line error for a checkpoint write that failed for lack of disk (or file size
+    limit); ``None`` for any other failure.
+
+    The paged writer raises ``OSError`` or ``PageStoreFullError``; orbax (tensorstore) raises
+    ``ValueError("... Failed writing: "<path>" ... [os_error_code='27']")``.
+    """
+    code = getattr(e, "errno", None)
+    path = getattr(e, "path", None) or getattr(e, "filename", None)
+    if isinstance(e, ValueError) and (m := re.search(r"os_error_code='?(\d+)", str(e))):
+        code = int(m[1])
+        where = re.search(r'Failed writing: "([^"]+)"', str(e))
+        path = where[1] if where else None
+    if code not in _FULL:
+        return None
+    return JaxoffError(
+        f"checkpoint {step}: cannot write {path or default_path} ({_FULL[code]}); free space "
+        f"there, lower --keep-checkpoints or raise the file size limit (ulimit -f), then "
+        f"continue the run with --resume"
+    )
 
 
 def check_resumable(out_dir: Path, config: dict, allowed_changes: frozenset[str]) -> None:
@@ -84,7 +193,13 @@ def check_resumable(out_dir: Path, config: dict, allowed_changes: frozenset[str]
             f"--resume: {saved_path} not found; {out_dir} holds no run to resume "
             f"(drop --resume to start a new run)"
         )
-    saved = json.loads(saved_path.read_text())
+    try:
+        saved = json.loads(saved_path.read_text())
+    except ValueError as e:
+        raise ConfigError(
+            f"--resume: {saved_path} is unreadable ({e}); restore it or start again with "
+            f"--overwrite"
+        ) from None
     changed = sorted(
         k
         for k in set(saved) | set(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -55,10 +56,15 @@ class TrainConfig:
         out_dir: run folder: metrics.jsonl, config.json, checkpoints/.
         ckpt_every: steps between orbax checkpoints; 0 disables them.
         keep_checkpoints: checkpoints kept on disk.
-        resume: continue from the latest checkpoint in out_dir.
+        resume: continue from the latest checkpoint in out_dir (a run stopped before its
+            first checkpoint starts again from step 0).
+        resume_fallback: with --resume, when the latest checkpoint fails its checksums, remove
+            it and continue from the newest one that passes (said in one line); without it a
+            damaged checkpoint is an error.
         overwrite: replace a previous run in out_dir (its metrics and checkpoints are deleted).
         stop_at: stop after this step (as if interrupted), checkpointing first; 0 runs to the end.
-        progress: show the live progress bar.
+        progress: show progress: a live bar where stderr is a terminal, else a plain line
+            every few steps; False (--no-progress) shows none.
         store: where the optimizer state and fp32 master weights live: ``auto`` pages them
             to ``<out_dir>/store`` (``jaxoff.paged``: streamed chunk by chunk through the async
             I/O engine), a directory pages them there, ``none`` keeps them in RAM.
@@ -100,6 +106,7 @@ class TrainConfig:
     ckpt_every: int = 100
     keep_checkpoints: int = 2
     resume: bool = False
+    resume_fallback: bool = False
     overwrite: bool = False
     stop_at: int = 0
     progress: bool = True
@@ -163,6 +170,8 @@ class TrainConfig:
             raise ConfigError(f"--data {self.data}: no such file or directory")
         _check_data_options(self.data, self.tokenizer, self.token_dtype)
         _check_writable(Path(self.out_dir))
+        if self.store_dir() is not None:
+            _check_store_dir(self.store_dir())
         return self
 
     def model_config(self):
@@ -254,7 +263,9 @@ class TrainConfig:
 RESUMABLE_CHANGES = frozenset(
     {
         "resume",
+        "resume_fallback",
         "overwrite",
+        "out_dir",  # a moved run resumes where it now lies
         "stop_at",
         "progress",
         "eval_every",
@@ -309,6 +320,44 @@ def _check_writable(out_dir: Path) -> None:
         ) from None
 
 
+def _check_store_dir(store: Path) -> None:
+    """Creates the page-store directory and proves a file can be written there."""
+    if store.exists() and not store.is_dir():
+        raise ConfigError(
+            f"--store {store} is a file, not a directory; name a directory (it is created), "
+            f"or pass --store none"
+        )
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        probe = store / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"--store {store} is not writable ({e.strerror}); choose another --store "
+            f"directory, or --store none"
+        ) from None
+
+
+def _type_error(value, hint) -> str | None:
+    """What is wrong with a TOML ``value`` for a field annotated ``hint``; None if it fits."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is Literal:
+        return None if value in args else f"one of {', '.join(map(repr, args))}"
+    if args:  # a union, e.g. Path | None (TOML has no null: the value is one of the others)
+        errors = [_type_error(value, a) for a in args if a is not type(None)]
+        return None if None in errors else " or ".join(errors)
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        Path: isinstance(value, str),
+    }
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return None if ok.get(hint, True) else names.get(hint, "a path string")
+
+
 def load_config_file(path: Path | str) -> dict:
     """Reads a TOML config file into ``TrainConfig`` keyword arguments (unknown keys refused)."""
     path = Path(path)
@@ -325,6 +374,14 @@ def load_config_file(path: Path | str) -> dict:
         raise ConfigError(
             f"--config {path}: unknown keys {unknown}; valid keys are {', '.join(known)}"
         )
+    hints = typing.get_type_hints(TrainConfig)
+    for key, value in values.items():
+        expected = _type_error(value, hints[key])
+        if expected is not None:
+            raise ConfigError(
+                f"--config {path}: {key} must be {expected}, got {value!r} "
+                f"({type(value).__name__}); fix that line or leave it out"
+            )
     for key in ("data", "tokenizer", "out_dir", "plan"):
         if values.get(key) is not None:
             values[key] = Path(values[key])

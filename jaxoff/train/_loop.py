@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
+import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._errors import ConfigError
+from .. import _faults
+from .._errors import JaxoffError
 from ..placement import (
     abstract_with,
     fetch_params,
@@ -21,18 +22,21 @@ from ..placement import (
     streamed_model,
 )
 from ..step import abstract_state, init_state, make_loss_fn, make_train_step
-from ._checkpoint import Checkpoints, check_resumable
-from ._config import RESUMABLE_CHANGES, TrainConfig
+from ._checkpoint import Checkpoints
+from ._checksums import CheckpointDamagedError
+from ._config import TrainConfig
 from ._data import Batches, check_vocab, load_tokens, split
 from ._metrics import (
     GIB,
     MetricsLog,
-    ProgressBar,
     disk_io_bytes,
     peak_rss_bytes,
-    read_metrics,
+    progress_display,
     rss_bytes,
+    trim_metrics,
 )
+from ._resume import heal_store, pick_step, prepare_out_dir, reject, say
+from ._rundir import RunLock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,42 +50,6 @@ class TrainResult:
     @property
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.records if "loss" in r]
-
-
-def _prepare_out_dir(cfg: TrainConfig, ckpts: Checkpoints) -> None:
-    out = Path(cfg.out_dir)
-    config_path = out / "config.json"
-    if cfg.resume:
-        check_resumable(out, cfg.to_json(), RESUMABLE_CHANGES)
-        if ckpts.latest_step() is None:
-            raise ConfigError(
-                f"--resume: no checkpoint in {ckpts.directory}; the run stopped before its first "
-                f"checkpoint (start again without --resume, or lower --ckpt-every)"
-            )
-        return
-    if config_path.exists() or (out / "metrics.jsonl").exists():
-        if not cfg.overwrite:
-            raise ConfigError(
-                f"--out-dir {out} already holds a run; pass --resume to continue it, "
-                f"--overwrite to replace it, or choose another --out-dir"
-            )
-        for name in ("metrics.jsonl", "config.json"):
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(ckpts.directory, ignore_errors=True)
-        shutil.rmtree(ckpts.paged_directory, ignore_errors=True)
-        if cfg.store == "auto":  # the run's own store goes with it
-            shutil.rmtree(cfg.store_dir(), ignore_errors=True)
-        ckpts.directory.mkdir(parents=True)
-    config_path.write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True))
-
-
-def _trim_metrics(path: Path, last_step: int) -> None:
-    """On resume, drops log lines of steps after the checkpoint (they are re-run)."""
-    if path.exists():
-        kept = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-        tmp.replace(path)
 
 
 def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
@@ -100,8 +68,20 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     if model is not None:
         cfg = dataclasses.replace(cfg, model=model)
     cfg = cfg.validate()
+    with RunLock(cfg.out_dir):  # before anything in the run directory is read or deleted
+        return _train_locked(cfg)
+
+
+def _train_locked(cfg: TrainConfig) -> TrainResult:
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    restore_from = prepare_out_dir(cfg)
+    if restore_from is not None and restore_from >= cfg.steps:  # before anything is built
+        say(
+            f"the run in {out} is complete at step {restore_from} of {cfg.steps}; nothing to "
+            f"resume (to train longer, start a new run with more --steps)"
+        )
+        return TrainResult(restore_from, restore_from, [])
+    _faults.point("train.init")
     tokens, vocab = load_tokens(cfg.data, cfg.tokenizer, cfg.token_dtype)
     check_vocab(vocab, cfg.model_config().vocab_size, f"model {cfg.model_label()}")
     train_tokens, val_tokens = split(tokens, cfg.val_fraction)
@@ -109,24 +89,54 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     val_batches = Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
 
     tx = cfg.build_optimizer()
-    mesh = cfg.mesh()
-    placement = cfg.resolved_placement()
-    model_cfg = streamed_model(cfg.model_config(), placement, mesh)
-    ckpts = Checkpoints(out, cfg.keep_checkpoints, tx)
-    _prepare_out_dir(cfg, ckpts)
-    if cfg.resume:
-        start = ckpts.latest_step()
-        graphdef, abstract = abstract_state(model_cfg, tx)
-        shardings = state_shardings(placement, abstract, mesh)
-        state = ckpts.restore(start, abstract_with(abstract, shardings))
-        if ckpts.paged:
-            # the store may be ahead of (or elsewhere than) the checkpoint: write it back
-            state = state._replace(opt_state=ckpts.restore_paged(tx, start, state.params))
-        _trim_metrics(out / "metrics.jsonl", start)
-    else:
-        start = 0
-        graphdef, state = init_state(model_cfg, tx, cfg.seed)
+    try:
+        mesh = cfg.mesh()
+        placement = cfg.resolved_placement()
+        model_cfg = streamed_model(cfg.model_config(), placement, mesh)
+        ckpts = Checkpoints(out, cfg.keep_checkpoints, tx)
+        try:
+            if cfg.resume and cfg.store_dir() is not None:
+                heal_store(cfg, restore_from)
+            if restore_from is not None:
+                start, state, graphdef = _restore(
+                    cfg, ckpts, tx, model_cfg, placement, mesh, restore_from
+                )
+            else:
+                start = 0
+                graphdef, state = init_state(model_cfg, tx, cfg.seed)
+            trim_metrics(out / "metrics.jsonl", start)
+            records = _loop(
+                cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_batches
+            )
+        finally:
+            _close_quietly(ckpts.close)
+    finally:
+        if hasattr(tx, "close"):
+            _close_quietly(tx.close)  # releases the page store's lock
+    end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
+    return TrainResult(start, end, records)
 
+
+def _restore(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step: int):
+    """Restores checkpoint ``step`` (its checksums verified), or with ``--resume-fallback``
+    the newest intact one when its paged part is damaged: ``(step, state, graphdef)``."""
+    graphdef, abstract = abstract_state(model_cfg, tx)
+    shardings = state_shardings(placement, abstract, mesh)
+    while True:
+        state = ckpts.restore(step, abstract_with(abstract, shardings))
+        if not ckpts.paged:
+            return step, state, graphdef
+        try:
+            # the store may be ahead of (or elsewhere than) the checkpoint: write it back
+            opt_state = ckpts.restore_paged(tx, step, state.params)
+            return step, state._replace(opt_state=opt_state), graphdef
+        except CheckpointDamagedError as e:
+            reject(cfg, step, e)
+            ckpts.discard(step)
+            step = pick_step(cfg)
+
+
+def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_batches):
     t0 = time.perf_counter()
     step_fn, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, mesh)
     state = jax.device_put(state, shardings)
@@ -135,18 +145,21 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     eval_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
 
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
-    log = MetricsLog(out / "metrics.jsonl")
+    log = MetricsLog(Path(cfg.out_dir) / "metrics.jsonl")
     records: list[dict] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
     loop_start = time.perf_counter()
     try:
-        with ProgressBar(cfg.steps, start, cfg.progress) as bar:
+        with progress_display(cfg.steps, start, cfg.progress) as bar:
             for step in range(start + 1, end + 1):
                 inputs, targets = batches(step - 1)
                 t = time.perf_counter()
                 io0 = disk_io_bytes()
-                state, metrics = step_fn(state, inputs, targets)
-                loss = float(metrics["loss"])  # waits for the step
+                try:
+                    state, metrics = step_fn(state, inputs, targets)
+                    loss = float(metrics["loss"])  # waits for the step
+                except jax.errors.JaxRuntimeError as e:
+                    raise _step_error(e, step) from None
                 dt = time.perf_counter() - t
                 io1 = disk_io_bytes()
                 record = {
@@ -158,6 +171,8 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
                     "rss_gib": rss_bytes() / GIB,
                     "peak_rss_gib": peak_rss_bytes() / GIB,
                     "elapsed_s": time.perf_counter() - loop_start,
+                    "disk_read_mbps": (io1[0] - io0[0]) / dt / 1e6,
+                    "disk_write_mbps": (io1[1] - io0[1]) / dt / 1e6,
                     "disk_read_gbps": (io1[0] - io0[0]) / dt / 1e9,
                     "disk_write_gbps": (io1[1] - io0[1]) / dt / 1e9,
                 }
@@ -165,17 +180,38 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
                     record["compile_s"] = compile_s
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                     record["val_loss"] = _evaluate(eval_fn, state.params, val_batches, cfg)
+                _faults.point("train.step")
+                # the line goes first: a step that counts as checkpointed always has its line
+                log.write(record)
+                _faults.point("train.metrics")
                 if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == end:
                     ckpts.save(step, state)
-                log.write(record)
                 records.append(record)
                 bar.update(step, _bar_stats(record, records))
     finally:
         log.close()
-        ckpts.close()
-        if hasattr(tx, "close"):
-            tx.close()  # releases the page store's lock
-    return TrainResult(start, end, records)
+    return records
+
+
+def _step_error(e: Exception, step: int) -> Exception:
+    """The page store's own message when a step died in it (e.g. a full disk); the store
+    raised it inside a host callback, which XLA reports wrapped in a long runtime error."""
+    found = re.findall(r"(PageStore\w*Error): (.+)", str(e))
+    if not found:
+        return e
+    return JaxoffError(f"step {step}: {found[-1][1].strip()}")
+
+
+def _close_quietly(close) -> None:
+    """Runs ``close`` in a ``finally``: its own error must not replace the one that is
+    propagating (a failed checkpoint leaves orbax's manager in a state it complains about)."""
+    if sys.exc_info()[0] is None:
+        close()
+        return
+    try:
+        close()
+    except Exception:  # noqa: BLE001 - the propagating error says what happened
+        pass
 
 
 def _evaluate(eval_fn, params, val_batches: Batches, cfg: TrainConfig) -> float:
@@ -189,7 +225,8 @@ def _bar_stats(record: dict, records: list[dict]) -> dict:
     if val is not None:
         stats["val"] = f"{val:.3f}"
     stats["tok/s"] = f"{record['tokens_per_s']:,.0f}"
-    if record["disk_read_gbps"] or record["disk_write_gbps"]:
-        stats["disk r/w"] = f"{record['disk_read_gbps']:.2f}/{record['disk_write_gbps']:.2f}GB/s"
-    stats["rss"] = f"{record['rss_gib']:.2f}GiB"
+    if record["disk_read_mbps"] or record["disk_write_mbps"]:
+        r, w = record["disk_read_mbps"], record["disk_write_mbps"]
+        stats["disk r/w"] = f"{r:,.0f}/{w:,.0f} MB/s"
+    stats["rss"] = f"{record['rss_gib']:.2f} GiB"
     return stats
