@@ -1,5 +1,6 @@
 """The C++ I/O engine through its Python face: config, numpy futures, crc32c, errors."""
 
+import doctest
 import errno
 import os
 import subprocess
@@ -174,3 +175,63 @@ def test_file_size_limit_gives_clear_efbig(tmp_path, backend):
     assert f"ERRNO {errno.EFBIG}" in out.stdout
     assert "EFBIG" in out.stdout and "RLIMIT_FSIZE" in out.stdout
     assert str(tmp_path / "big.bin") in out.stdout
+
+
+# ------------------------------------------------------------------ why auto gave which backend
+
+
+@pytest.mark.subprocess
+def test_auto_backend_says_why_io_uring_setup_failed():
+    """A process with no file descriptor left cannot set up a ring: ``auto`` falls back to
+    POSIX, and the reason (the errno of io_uring_setup) is exposed and logged once."""
+    if not _ffi.uring_compiled_in():
+        pytest.skip("this build has no io_uring backend")
+    code = textwrap.dedent(
+        """
+        import logging, os, resource
+        logging.basicConfig(level=logging.WARNING, format="LOG %(name)s %(message)s")
+        import jaxoff.aio as aio
+        from jaxoff.aio._engine import Engine, EngineConfig
+        low = os.open("/dev/null", os.O_RDONLY)  # the lowest free descriptor
+        os.close(low)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        status = aio.backend_status()
+        print("STATUS", status.backend, status.errno, status.reason)
+        cfg = EngineConfig(block_size=4096, queue_depth=1, threads=1, pool_bytes=4096)
+        engines = [Engine(cfg) for _ in range(2)]
+        print("ENGINE", engines[0].backend, engines[0].backend_reason == status.reason)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAXOFF_AIO_BACKEND"}
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert f"STATUS posix {errno.EMFILE} io_uring_setup failed with EMFILE (errno 24)" in out
+    assert "ulimit -n" in out and "ENGINE posix True" in out
+    logged = [line for line in out.splitlines() if line.startswith("LOG jaxoff.aio")]
+    assert len(logged) == 1 and "using the POSIX thread-pool backend" in logged[0], out
+
+
+def test_auto_backend_reason_when_not_compiled_in_or_asked(monkeypatch):
+    from jaxoff.aio import _backend, backend_status
+
+    monkeypatch.delenv("JAXOFF_AIO_BACKEND", raising=False)
+    _backend._status.cache_clear()
+    monkeypatch.setattr(_backend._ffi, "uring_compiled_in", lambda: False)
+    status = backend_status()
+    assert status.backend == "posix" and not status.compiled_in
+    assert "not compiled into this build" in status.reason and "liburing-dev" in status.reason
+    _backend._status.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setenv("JAXOFF_AIO_BACKEND", "posix")
+    assert backend_status().reason == "JAXOFF_AIO_BACKEND=posix asks for it"
+    assert Engine(small_config("posix")).backend_reason == "backend='posix' was requested"
+    monkeypatch.delenv("JAXOFF_AIO_BACKEND")
+    _backend._status.cache_clear()
+    assert doctest.testmod(_backend).failed == 0
+    if _ffi.uring_compiled_in():
+        assert str(backend_status()) == "io_uring (io_uring initialised)"
+        assert Engine(small_config("auto")).backend_reason == "io_uring initialised"

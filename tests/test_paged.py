@@ -6,7 +6,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxoff.optim import NotElementwiseError, paged, update_and_apply
+from jaxoff.aio import PageStoreLayoutError
+from jaxoff.aio._layout import MAX_CHUNK_BYTES
+from jaxoff.optim import DEFAULT_CHUNK_BYTES, NotElementwiseError, paged, update_and_apply
 
 LR = optax.warmup_cosine_decay_schedule(0.0, 3e-2, 5, 30, end_value=3e-3)
 OPTIMIZERS = {
@@ -284,3 +286,47 @@ def test_abstract_init_touches_no_disk(tmp_path):
     shapes = jax.eval_shape(tx.init, mlp_params())
     assert shapes.version.shape == () and len(shapes.crcs) == 5 * 2 + 1
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("chunk_bytes", [4096, DEFAULT_CHUNK_BYTES])
+def test_inject_hyperparams_adamw_keeps_its_scalars_in_ram(tmp_path, chunk_bytes):
+    """Injected hyperparameters and step counts are not parameter-shaped: they stay in RAM
+    (the inner state), and only the moments are paged; bitwise equal to plain optax."""
+    make = lambda: optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3)  # noqa: E731
+    tx = paged(make(), tmp_path / "s", chunk_bytes=chunk_bytes)
+    want, ref_master, ref_moments = run_reference(make(), mlp_params(), 4)
+    got, state, _ = run(tx, mlp_params(), 4, fused=True)
+    assert_trees_equal(got, want)
+    assert check_store(tx, got, ref_master, ref_moments) == 2 * 5  # mu and nu of 5 leaves
+    ram = state.inner_state
+    assert int(ram.count) == 4 and float(ram.hyperparams["learning_rate"]) == np.float32(1e-3)
+    assert all(np.shape(x) == () for x in jax.tree.leaves(ram))  # scalars only
+    tx.close()
+
+
+@pytest.mark.parametrize(
+    "chunk_bytes, match",
+    [
+        (4 << 30, r"chunk_bytes=4294967296 \(4096 MiB\) is larger than the page store supports"),
+        (0, "chunk_bytes=0 is not a positive multiple of 4096"),
+        (6000, "chunk_bytes=6000 is not a positive multiple of 4096.*use 8192"),
+    ],
+)
+def test_chunk_bytes_out_of_range_names_the_option_and_range(tmp_path, chunk_bytes, match):
+    with pytest.raises(PageStoreLayoutError, match=match) as info:
+        paged(optax.adamw(1e-3), tmp_path / "s", chunk_bytes=chunk_bytes)
+    assert "from 4096 (4 KiB) to 1073741824 (1 GiB)" in str(info.value)
+    assert "`jaxoff train --chunk-mib` sets it in MiB: 1 to 1024" in str(info.value)
+    assert "element" not in str(info.value)  # about the chunk size, not a parameter
+    assert not (tmp_path / "s").exists()
+
+
+def test_largest_chunk_stages_only_each_leaf(tmp_path):
+    """A chunk larger than every leaf: each leaf is one chunk, and the engine's staging is
+    sized by the leaves, not by the chunk size (else: gigabytes of staging for a tiny model)."""
+    tx = paged(optax.adam(1e-2), tmp_path / "s", chunk_bytes=MAX_CHUNK_BYTES)
+    assert tx.pager.split_phase_bytes(tx.pager.plan(mlp_params())) < 2 << 20
+    got, _, _ = run(tx, mlp_params(), 2, fused=True)
+    assert_trees_equal(got, run_reference(optax.adam(1e-2), mlp_params(), 2)[0])
+    assert tx.pager.engine.pool_bytes == 64 << 20  # the default, not grown
+    tx.close()

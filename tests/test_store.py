@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxoff.aio import _layout, _store
+from jaxoff.aio import _layout, _manifest, _store
 from jaxoff.aio._layout import ALIGN, plan_layout, stable_stems
 from jaxoff.aio._store import PageStore
 from jaxoff.aio._store_errors import (
@@ -20,6 +20,7 @@ from jaxoff.aio._store_errors import (
     PageStoreFormatError,
     PageStoreLayoutError,
     PageStoreLockedError,
+    PageStoreManifestError,
     PageStoreNotFoundError,
 )
 
@@ -180,7 +181,8 @@ def test_versions_flip_between_slots(tmp_path):
         assert _same_bits(store.read("opt.mu.w", slot="B"), v1["opt.mu.w"])  # previous version
     doc = json.loads((root / "manifest.json").read_text())
     assert doc["version"] == 2 and doc["format"] == "jaxoff-pagestore"
-    assert doc["format_version"] == 1 and doc["align"] == 4096 and doc["chunk_bytes"] == KB4
+    assert doc["format_version"] == 2 and doc["align"] == 4096 and doc["chunk_bytes"] == KB4
+    assert doc["manifest_crc32c"] == _manifest.content_crc(doc)
     e = doc["entries"]["opt.mu.w"]
     assert e["file"] == {"A": "data/opt.mu.w.A.page", "B": "data/opt.mu.w.B.page"}
     assert e["shape"] == [7, 1301] and e["dtype"] == "float32" and e["nbytes"] == 7 * 1301 * 4
@@ -384,6 +386,7 @@ def test_open_or_create_reuses_or_lists_differences(tmp_path):
     [
         (dict(chunk_bytes=1000), "not a positive multiple of 4096.*; use 4096"),
         (dict(chunk_bytes=0), "positive multiple of 4096"),
+        (dict(chunk_bytes=4 << 30), "larger than the page store supports.*4096 .* 1073741824"),
         (dict(chunk_bytes="16M"), "must be an int"),
         (dict(chunk_bytes=True), "must be an int"),
         (dict(chunk_bytes=None), "chunk_bytes is required"),
@@ -455,14 +458,19 @@ def test_missing_and_foreign_stores(tmp_path):
         PageStore.create(tmp_path / "busy", ENTRIES, chunk_bytes=KB4)
 
 
+def _signed(doc):
+    """``doc`` as jaxoff would write it: with the checksum of its (edited) content."""
+    return json.dumps({**doc, "manifest_crc32c": _manifest.content_crc(doc)})
+
+
 @pytest.mark.parametrize(
     "edit, match",
     [
         (lambda d: "{not json", "not valid JSON"),
         (lambda d: json.dumps({**d, "format": "zarr"}), "not a jaxoff page store manifest"),
-        (lambda d: json.dumps({**d, "format_version": 2}), "format_version 2"),
-        (lambda d: json.dumps({**d, "chunk_bytes": 8192}), "malformed.*chunk table disagrees"),
-        (lambda d: json.dumps({**d, "entries": 5}), "malformed"),
+        (lambda d: json.dumps({**d, "format_version": 3}), "format_version 3.*reads versions 1, 2"),
+        (lambda d: _signed({**d, "chunk_bytes": 8192}), "malformed.*chunk table disagrees"),
+        (lambda d: _signed({**d, "entries": 5}), "malformed"),
     ],
 )
 def test_bad_manifest(tmp_path, edit, match):
@@ -559,6 +567,75 @@ def test_manifest_without_slots_reads_as_two(tmp_path):
     path = tmp_path / "s" / "manifest.json"
     doc = json.loads(path.read_text())
     del doc["slots"]  # as written before single-slot stores existed
-    path.write_text(json.dumps(doc))
+    path.write_text(_signed(doc))
     with PageStore.open(tmp_path / "s") as store:
         assert store.layout.slots == 2 and store.verify() > 0
+
+
+# ------------------------------------------------------------------------- manifest checksum
+
+
+def test_manifest_edit_keeping_the_byte_count_is_refused(tmp_path):
+    """A shape edited to another with the same element count passes every structural check
+    (chunk table, nbytes): only the manifest's own checksum can tell."""
+    root, _, _ = _committed(tmp_path)
+    path = root / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["entries"]["opt.mu.w"]["shape"] = [1301, 7]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PageStoreManifestError, match=f"{path} fails its checksum.*never edit") as e:
+        PageStore.open(root)
+    assert isinstance(e.value, PageStoreFormatError | PageStoreCorruptError)
+    del doc["manifest_crc32c"]
+    path.write_text(json.dumps(doc))  # a format-2 manifest must carry its checksum
+    with pytest.raises(PageStoreManifestError, match="has no manifest_crc32c field"):
+        PageStore.open(root)
+    path.write_text(_signed(doc))  # the same edit, as if jaxoff had written it: accepted
+    with PageStore.open(root) as store:
+        assert store.read("opt.mu.w").shape == (1301, 7)
+
+
+def test_format_1_manifest_is_read_and_rewritten_with_a_checksum(tmp_path):
+    root, data, _ = _committed(tmp_path)
+    path = root / "manifest.json"
+    doc = json.loads(path.read_text())
+    del doc["manifest_crc32c"]
+    path.write_text(json.dumps({**doc, "format_version": 1}))  # as the previous release wrote
+    with PageStore.open(root) as store:
+        assert _same_bits(store.read("opt.mu.w"), data["opt.mu.w"])
+        _write_all(store, 5)
+        store.commit()
+    doc = json.loads(path.read_text())
+    assert doc["format_version"] == 2 and doc["manifest_crc32c"] == _manifest.content_crc(doc)
+
+
+def test_manifest_version_that_does_not_match_its_pages_says_so(tmp_path):
+    """Version 1 lives in slot B; a manifest saying version 2 points at slot A, never written.
+    That is a manifest/pages mismatch, not a chunk "never written"."""
+    root, _, _ = _committed(tmp_path)
+    path = root / "manifest.json"
+    doc = json.loads(path.read_text())
+    path.write_text(_signed({**doc, "version": 2}))
+    with pytest.raises(
+        PageStoreManifestError, match="committed version is 2, which lives in slot A"
+    ):
+        PageStore.open(root)
+    path.write_text(json.dumps({**doc, "version": 2}))  # edited without re-signing
+    with pytest.raises(PageStoreManifestError, match="fails its checksum"):
+        PageStore.open(root)
+
+
+# ------------------------------------------------------------------------- store paths
+
+
+@pytest.mark.parametrize("make", ["create", "open_or_create"])
+def test_create_on_a_regular_file_is_one_line(tmp_path, make):
+    target = tmp_path / "store"
+    target.write_text("not a store")
+    with pytest.raises(PageStoreError, match=f"{target}: it is a file, not a directory; remove"):
+        getattr(PageStore, make)(target, ENTRIES, chunk_bytes=KB4)
+    with pytest.raises(PageStoreError, match=f"cannot create the page store directory {target}/s"):
+        PageStore.create(target / "s", ENTRIES, chunk_bytes=KB4)  # a file as a parent
+    with pytest.raises(PageStoreNotFoundError, match="is a file, not a store directory"):
+        PageStore.open(target)
+    assert target.read_text() == "not a store"

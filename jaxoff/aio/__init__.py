@@ -1,10 +1,13 @@
 """Async I/O: the C++ engine, the page store (crash-consistent page files), FFI paging calls."""
 
+from ._backend import BackendStatus as BackendStatus
+from ._backend import backend_status as backend_status
 from ._cuda import CudaStatus as CudaStatus
 from ._cuda import cuda_status as cuda_status
 from ._engine import Engine as Engine
 from ._engine import EngineConfig as EngineConfig
 from ._engine import crc32c as crc32c
+from ._error_from import store_error_from as store_error_from
 from ._ffi_calls import drain_prefetches as drain_prefetches
 from ._ffi_calls import encode_offsets as encode_offsets
 from ._ffi_calls import file_table_stats as file_table_stats
@@ -29,10 +32,13 @@ from ._store_errors import PageStoreFormatError as PageStoreFormatError
 from ._store_errors import PageStoreFullError as PageStoreFullError
 from ._store_errors import PageStoreLayoutError as PageStoreLayoutError
 from ._store_errors import PageStoreLockedError as PageStoreLockedError
+from ._store_errors import PageStoreManifestError as PageStoreManifestError
 from ._store_errors import PageStoreNotFoundError as PageStoreNotFoundError
 from ._store_errors import PageStoreTornError as PageStoreTornError
 
 __all__ = [
+    "BackendStatus",
+    "backend_status",
     "CudaStatus",
     "cuda_status",
     "Engine",
@@ -62,6 +68,8 @@ __all__ = [
     "PageStoreFullError",
     "PageStoreLayoutError",
     "PageStoreLockedError",
+    "PageStoreManifestError",
     "PageStoreNotFoundError",
     "plan_layout",
+    "store_error_from",
 ]

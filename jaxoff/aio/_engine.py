@@ -5,6 +5,8 @@ The engine (``ffi/engine``) splits each request into ``block_size`` blocks, keep
 lengths not 4 KiB aligned) through a bounded pool of ``pool_bytes`` of aligned buffers. The
 backend is io_uring when it initialises, else a POSIX thread pool; the environment variable
 ``JAXOFF_AIO_BACKEND`` (``auto`` | ``io_uring`` | ``posix``) overrides ``backend="auto"``.
+Why ``auto`` gave POSIX is in `Engine.backend_reason` and ``jaxoff.aio.backend_status()``, and
+is logged once (logger ``jaxoff.aio``).
 
 With O_DIRECT, a write whose size is not a multiple of 4096 pads its last block with zeros to
 the next 4 KiB boundary: a write of ``n`` bytes at ``offset`` occupies
@@ -143,6 +145,7 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None):
         self._config = config if config is not None else EngineConfig()
         self._native = _ffi.Engine(**self._config.as_kwargs())
+        self.backend_reason  # noqa: B018 (logs a fallback to POSIX once per process)
 
     @property
     def config(self) -> EngineConfig:
@@ -152,6 +155,14 @@ class Engine:
     def backend(self) -> str:
         """``"io_uring"`` or ``"posix"``: the backend actually in use."""
         return self._native.backend
+
+    @property
+    def backend_reason(self) -> str:
+        """Why this engine runs `backend`: for ``auto`` on POSIX, why io_uring was not used
+        (not compiled in, or ``io_uring_setup`` refused with an errno); see `backend_status`."""
+        from jaxoff.aio._backend import note_backend
+
+        return note_backend(self._config.backend, self.backend)
 
     def read_into(self, path: str | os.PathLike, offset: int, array: np.ndarray) -> _ffi.IoFuture:
         """Starts reading ``array.nbytes`` bytes at ``offset`` of ``path`` into ``array``.

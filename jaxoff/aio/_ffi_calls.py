@@ -157,6 +157,9 @@ def register_file_table(
         else:
             files.append([os.fspath(q) for q in p])
     _ffi.register_file_table(name, files, stripe_bytes=int(stripe_bytes), **config.as_kwargs())
+    from jaxoff.aio._backend import note_backend
+
+    note_backend(config.backend, _ffi.file_table_backend(name))  # logs a fallback once
 
 
 def unregister_file_table(name: str) -> bool:

@@ -20,6 +20,9 @@ import numpy as np
 from jaxoff.aio._store_errors import PageStoreLayoutError
 
 ALIGN = 4096
+# The largest chunk: a paged optimizer stages a few chunks of every tensor of a leaf in RAM, and
+# indexes elements with int32 (a chunk of 1 GiB is 2**28 float32 elements).
+MAX_CHUNK_BYTES = 1 << 30
 """Offsets and padded chunk sizes are multiples of this, so O_DIRECT can move whole chunks."""
 
 SLOTS = ("A", "B")
@@ -203,11 +206,20 @@ def check_chunk_bytes(chunk_bytes: Any) -> int:
             f"chunk_bytes must be an int (bytes per chunk, e.g. 16 << 20), got {chunk_bytes!r}"
         )
     chunk_bytes = int(chunk_bytes)
+    valid = (
+        f"valid chunk sizes are multiples of {ALIGN} from {ALIGN} (4 KiB) to "
+        f"{MAX_CHUNK_BYTES} (1 GiB)"
+    )
+    if chunk_bytes > MAX_CHUNK_BYTES:
+        raise PageStoreLayoutError(
+            f"chunk_bytes={chunk_bytes} ({chunk_bytes / 2**20:g} MiB) is larger than the page "
+            f"store supports: {valid}; the default, {16 << 20} (16 MiB), suits most models"
+        )
     if chunk_bytes <= 0 or chunk_bytes % ALIGN:
-        up = max(ALIGN, -(-chunk_bytes // ALIGN) * ALIGN)
+        up = min(MAX_CHUNK_BYTES, max(ALIGN, -(-chunk_bytes // ALIGN) * ALIGN))
         raise PageStoreLayoutError(
             f"chunk_bytes={chunk_bytes} is not a positive multiple of {ALIGN} (needed for "
-            f"O_DIRECT I/O); use {up} or a power of two such as {16 << 20} (16 MiB)"
+            f"O_DIRECT I/O): {valid}; use {up} or a power of two such as {16 << 20} (16 MiB)"
         )
     return chunk_bytes
 

@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any
 
+import crc32c
+
 from jaxoff.aio._layout import (
     ALIGN,
     SLOTS,
@@ -24,11 +26,16 @@ from jaxoff.aio._store_errors import (
     PageStoreFormatError,
     PageStoreFullError,
     PageStoreLayoutError,
+    PageStoreManifestError,
     PageStoreNotFoundError,
 )
 
 FORMAT = "jaxoff-pagestore"
-FORMAT_VERSION = 1
+# 2: the manifest carries a crc32c of its own content ("manifest_crc32c"). Version 1 (no such
+# field) is still read, unverified, and rewritten as version 2 at the next commit.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+CHECKSUM_KEY = "manifest_crc32c"
 MANIFEST = "manifest.json"
 MANIFEST_TMP = "manifest.json.tmp"
 
@@ -40,6 +47,12 @@ Crcs = dict[str, dict[str, list[int | None]]]
 _replace = os.replace
 
 _CHUNK_KEYS = ("offset", "nbytes", "elem_start", "elem_count")
+
+
+def content_crc(doc: dict[str, Any]) -> int:
+    """crc32c of the manifest's canonical JSON (sorted keys, no spaces), its checksum left out."""
+    rest = {k: v for k, v in doc.items() if k != CHECKSUM_KEY}
+    return crc32c.crc32c(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
 
 
 def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
@@ -56,7 +69,7 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
             "chunks": [_chunk_json(c) for c in e.chunks],
             "crc": {s: list(crcs[s][e.name]) for s in SLOTS},
         }
-    return {
+    doc = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "version": version,
@@ -66,6 +79,8 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
         "dirs": list(layout.dirs),
         "slots": layout.slots,
     }
+    doc[CHECKSUM_KEY] = content_crc(doc)
+    return doc
 
 
 def _chunk_json(c: ChunkInfo) -> dict[str, int]:
@@ -107,16 +122,63 @@ def read(root: str) -> tuple[Layout, int, Crcs]:
             f'{path} is not a jaxoff page store manifest (no "format": "{FORMAT}"); '
             "point the store at its own directory"
         )
-    if doc.get("format_version") != FORMAT_VERSION:
+    fv = doc.get("format_version")
+    if fv not in READABLE_VERSIONS:
         raise PageStoreFormatError(
-            f"{path} has format_version {doc.get('format_version')!r}, but this jaxoff reads "
-            f"version {FORMAT_VERSION}; use the jaxoff release that wrote it, or delete the "
-            "store and resume from a checkpoint"
+            f"{path} has format_version {fv!r}, but this jaxoff reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; use the jaxoff release that wrote it, or "
+            "delete the store and resume from a checkpoint"
         )
+    if fv >= 2:
+        _check_checksum(path, doc)
     try:
-        return _parse(doc)
+        layout, version, crcs = _parse(doc)
     except _MALFORMED as e:
         raise PageStoreFormatError(f"{path} is malformed ({e!r}); " + _RESTORE) from None
+    _check_version_has_pages(path, layout, version, crcs)
+    return layout, version, crcs
+
+
+def _check_checksum(path: str, doc: dict[str, Any]) -> None:
+    recorded = doc.get(CHECKSUM_KEY)
+    got = content_crc(doc)
+    if recorded == got:
+        return
+    what = (
+        f"has no {CHECKSUM_KEY} field"
+        if recorded is None
+        else f"fails its checksum (recorded {CHECKSUM_KEY} {recorded!r}, content has 0x{got:08x})"
+    )
+    raise PageStoreManifestError(
+        f"{path} {what}: it was edited or damaged after jaxoff wrote it, so its shapes, "
+        "version and chunk checksums cannot be trusted. Undo the edit (jaxoff rewrites the "
+        "manifest itself; never edit it by hand), or " + _RESTORE
+    )
+
+
+def _check_version_has_pages(path: str, layout: Layout, version: int, crcs: Crcs) -> None:
+    """A committed version must have a checksum for every chunk of its slot.
+
+    Version ``V`` lives in slot ``V % 2``; a manifest whose version points at a slot that was
+    never written (its version was edited, or it was copied from another state of the store)
+    would otherwise only fail later, at a read, as a chunk "never written".
+    """
+    if version == 0:
+        return
+    slot = SLOTS[version % 2]
+    missing = [(n, i) for n, vs in crcs[slot].items() for i, v in enumerate(vs) if v is None]
+    if not missing:
+        return
+    total = sum(len(e.chunks) for e in layout.entries)
+    name, index = missing[0]
+    raise PageStoreManifestError(
+        f"{path} says the committed version is {version}, which lives in slot {slot}, but it "
+        f"records no checksum for {len(missing)} of the {total} chunks of slot {slot} (e.g. "
+        f"chunk {index} of {name!r}): the version does not match the pages the manifest "
+        "describes (the manifest's version was changed, or the manifest comes from another "
+        "copy of this store). Put back the manifest.json written with these page files, or "
+        + _RESTORE
+    )
 
 
 # What a hand-edited or damaged manifest raises while being parsed.

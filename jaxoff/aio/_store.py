@@ -10,7 +10,8 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from jaxoff.aio import _manifest
+from jaxoff import _faults
+from jaxoff.aio import _error_from, _manifest
 from jaxoff.aio._layout import (
     SLOTS,
     EntryLayout,
@@ -26,6 +27,7 @@ from jaxoff.aio._store_errors import (
     PageStoreCorruptError,
     PageStoreError,
     PageStoreLayoutError,
+    PageStoreNotFoundError,
     PageStoreTornError,
 )
 from jaxoff.aio._store_files import FileTable
@@ -74,6 +76,9 @@ class PageStore:
         self._lock = lock
         self._pending = self._no_crcs()
         self._files = FileTable(root, layout)
+        self.last_error: PageStoreError | None = None
+        """The last error a `commit` raised (also when it was raised inside a JAX callback,
+        where JAX wraps it: see `jaxoff.aio.store_error_from`)."""
 
     # ----------------------------------------------------------------- construction
 
@@ -105,8 +110,7 @@ class PageStore:
             (and ``exist_ok`` is false) or unrelated files.
         """
         layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
-        root = os.path.abspath(os.fspath(root))
-        os.makedirs(root, exist_ok=True)
+        root = _make_root(root)
         lock = StoreLock(root)
         try:
             return cls._create_locked(root, layout, lock, exist_ok)
@@ -125,6 +129,11 @@ class PageStore:
           PageStoreLockedError: the store is in use.
         """
         root = os.path.abspath(os.fspath(root))
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise PageStoreNotFoundError(
+                f"page store {root} is a file, not a store directory; pass the directory "
+                "jaxoff created for the store, or create one with PageStore.create"
+            )
         if not os.path.isdir(root):
             _manifest.read(root)  # raises the "does not exist" error
         lock = StoreLock(root)
@@ -152,8 +161,7 @@ class PageStore:
             the differences).
         """
         layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
-        root = os.path.abspath(os.fspath(root))
-        os.makedirs(root, exist_ok=True)
+        root = _make_root(root)
         lock = StoreLock(root)  # before looking, so two racing callers cannot both create
         try:
             if not os.path.exists(os.path.join(root, _manifest.MANIFEST)):
@@ -343,6 +351,13 @@ class PageStore:
           PageStoreError: chunks not written (nothing is committed). PageStoreFullError: no
             space for the manifest (the previous version stays current).
         """
+        try:
+            return self._commit(crcs)
+        except PageStoreError as e:
+            self.last_error = _error_from.record(e)
+            raise
+
+    def _commit(self, crcs: Mapping[str, Any] | None) -> int:
         self._check_open()
         pending = {n: list(v) for n, v in self._pending.items()}
         for name, values in (crcs or {}).items():
@@ -364,6 +379,7 @@ class PageStore:
         self._files.fsync_slot(slot)
         new_crcs = {s: dict(self._crcs[s]) for s in SLOTS}
         new_crcs[slot] = pending
+        _faults.point("store.commit")  # data durable, the old manifest still current
         _manifest.write(self._root, self._layout, self._version + 1, new_crcs)
         self._version += 1
         self._crcs = new_crcs
@@ -514,6 +530,10 @@ class PageStore:
                     "nothing is committed yet (version 0); write every entry and commit() first"
                     if self._version == 0
                     else "it was never written"
+                    if slot != self.active_slot
+                    else f"the manifest records no checksum for it although version "
+                    f"{self._version} is committed in that slot: the manifest does not match "
+                    "its pages; " + RESTORE_HINT
                 )
             )
         path = self._files.path(ei, slot, c.stripe)
@@ -526,3 +546,21 @@ class PageStore:
                 f"crc32c 0x{want:08x}, got 0x{got:08x}. The data on disk was damaged; "
                 + RESTORE_HINT
             )
+
+
+def _make_root(root: str | os.PathLike) -> str:
+    """The store directory as an absolute path, created if missing."""
+    root = os.path.abspath(os.fspath(root))
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise PageStoreError(
+            f"cannot create a page store at {root}: it is a file, not a directory; remove it "
+            "or choose another store directory"
+        )
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise PageStoreError(
+            f"cannot create the page store directory {root}: {e.strerror}; choose a directory "
+            "you can write to (every parent must be a directory)"
+        ) from None
+    return root

@@ -28,6 +28,11 @@ class PageStoreCorruptError(PageStoreError):
     """Committed data fails its checksum, or a page file is missing or too short."""
 
 
+class PageStoreManifestError(PageStoreFormatError, PageStoreCorruptError):
+    """``manifest.json`` fails its own checksum (edited or damaged), or its version does not
+    match the pages it describes."""
+
+
 class PageStoreTornError(PageStoreCorruptError):
     """A single-slot store was left mid-update: its committed version is partly overwritten."""
 

@@ -9,6 +9,8 @@ that have a master copy) from the store's last committed version, e.g. after a c
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -19,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError
+from jaxoff import _faults
+from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError, PageStoreFullError
 from jaxoff.aio._layout import parse_dtype
 from jaxoff.aio._pageio import fsync_dir
 from jaxoff.optim._paged import (
@@ -34,6 +37,11 @@ from jaxoff.optim._state import make_state
 
 FORMAT = "jaxoff.paged-checkpoint/1"
 MANIFEST = "paged.json"
+_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def describe(e: OSError) -> str:
+    return f"{e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)})"
 
 
 def _pager(tx):
@@ -59,23 +67,50 @@ def save_paged(tx: PagedTransformation, opt_state: PagedState, directory: str | 
 
 
 def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
-    """Streams the committed version of ``store`` into ``directory`` (atomic); returns bytes."""
-    version = store.version
+    """Streams the committed version of ``store`` into ``directory`` (atomic); returns bytes.
+
+    Everything is written into ``directory.tmp`` (its ``paged.json`` last) and renamed into
+    place, so ``directory`` is complete whenever it exists. A failed copy removes
+    ``directory.tmp``; a full disk or the file size limit raises `PageStoreFullError`.
+    """
     directory = os.path.abspath(os.fspath(directory))
     tmp = directory + ".tmp"
+    needed = sum(e.nbytes for e in store.entries.values())
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        total = _write_tmp(store, tmp)
+        if os.path.exists(directory):
+            shutil.rmtree(directory)
+        os.rename(tmp, directory)
+        fsync_dir(os.path.dirname(directory))
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written may look saved
+        if isinstance(e, OSError) and e.errno in _FULL:
+            raise _full(e, directory, needed) from None
+        if isinstance(e, OSError) and not isinstance(e, PageStoreError):
+            raise PageStoreError(
+                f"cannot write the paged checkpoint {directory}: {describe(e)}; nothing was "
+                "saved for this step"
+            ) from e
+        raise
+    return total
+
+
+def _write_tmp(store: PageStore, tmp: str) -> int:
+    version = store.version
     os.makedirs(tmp)
     entries, total = {}, 0
     for name, e in store.entries.items():
         fname = f"{e.stem}.page"
         crcs = []
-        with open(os.path.join(tmp, fname), "wb") as f:
+        with _naming(os.path.join(tmp, fname)) as path, open(path, "wb") as f:
             for c in e.chunks:
                 x = store.read_chunk(name, c.index)  # verified
                 raw = x.view(np.uint8).reshape(-1)
                 f.write(memoryview(raw))
                 crcs.append(crc32c.crc32c(raw))
                 total += raw.nbytes
+                _faults.point("checkpoint.paged")
             f.flush()
             os.fsync(f.fileno())
         entries[name] = {"shape": list(e.shape), "dtype": str(e.dtype), "file": fname, "crcs": crcs}
@@ -85,16 +120,42 @@ def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
         "chunk_bytes": store.chunk_bytes,
         "entries": entries,
     }
-    with open(os.path.join(tmp, MANIFEST), "w") as f:
+    # Written last: a directory with paged.json holds every entry.
+    with _naming(os.path.join(tmp, MANIFEST)) as path, open(path, "w") as f:
         json.dump(meta, f)
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(tmp)
-    if os.path.exists(directory):
-        shutil.rmtree(directory)
-    os.rename(tmp, directory)
-    fsync_dir(os.path.dirname(directory))
     return total
+
+
+@contextlib.contextmanager
+def _naming(path: str):
+    """Gives an OSError raised while writing ``path`` its file name (``f.write`` sets none)."""
+    try:
+        yield path
+    except OSError as e:
+        if e.filename is None and not isinstance(e, PageStoreError):
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+
+
+def _full(e: OSError, directory: str, needed: int) -> PageStoreFullError:
+    path = e.filename or directory
+    what = (
+        "the file size limit was reached (`ulimit -f`, or the filesystem's largest file)"
+        if e.errno == errno.EFBIG
+        else "the disk is full"
+    )
+    return PageStoreFullError(
+        f"cannot write the paged checkpoint {directory}: {what} while writing {path} "
+        f"({os.strerror(e.errno)}; the checkpoint needs about {needed} bytes). The partial "
+        "checkpoint was removed and the previous checkpoints are intact. Free space there "
+        "(or raise the limit), or write checkpoints to another directory (--out-dir)",
+        path=path,
+        needed_bytes=needed,
+        errno=e.errno,
+    )
 
 
 def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params: Any) -> PagedState:
@@ -129,6 +190,7 @@ def copy_in(
     """
     directory = os.path.abspath(os.fspath(directory))
     path = os.path.join(directory, MANIFEST)
+    _refuse_incomplete(directory, path)
     try:
         with open(path) as f:
             meta = json.load(f)
@@ -179,6 +241,26 @@ def copy_in(
             crcs[name] = info["crcs"]
         store.commit(crcs)
     return crcs, int(meta["store_version"])
+
+
+def _refuse_incomplete(directory: str, manifest: str) -> None:
+    """A paged checkpoint is complete when its ``paged.json`` (written last) exists."""
+    if directory.endswith(".tmp") or (os.path.isdir(directory) and not os.path.exists(manifest)):
+        raise PageStoreError(
+            f"restore_paged: {directory} is an incomplete paged checkpoint (its writing was "
+            f"interrupted or failed: it has no {MANIFEST}, which is written last); restore an "
+            "earlier checkpoint, and delete this directory"
+        )
+    if not os.path.isdir(directory):
+        raise PageStoreError(
+            f"restore_paged: {directory} does not exist"
+            + (
+                f" (only {directory}.tmp, an incomplete copy whose writing was interrupted)"
+                if os.path.isdir(directory + ".tmp")
+                else ""
+            )
+            + "; restore an earlier checkpoint, or check the path"
+        )
 
 
 def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:

@@ -16,10 +16,12 @@ import optax
 from jax import lax
 from jax.experimental import io_callback
 
-from jaxoff.aio import PageStore, PageStoreError, PageStoreTornError
+from jaxoff import _faults
+from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError, PageStoreTornError
 from jaxoff.aio._engine import EngineConfig
+from jaxoff.aio._error_from import record
 from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file_table
-from jaxoff.aio._layout import check_slots
+from jaxoff.aio._layout import MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
 from jaxoff.optim._pipeline import EntryIO, page_leaf
@@ -159,7 +161,8 @@ class Pager:
             self.store, self.root, self.chunk_bytes = store, store.root, store.chunk_bytes
             self.slots = store.layout.slots
         else:
-            self.store, self.root, self.chunk_bytes = None, os.path.abspath(store), chunk_bytes
+            self.store, self.root = None, os.path.abspath(store)
+            self.chunk_bytes = _check_chunk_bytes(chunk_bytes)
         self._plans: dict = {}
         self._probed: set = set()
         self._ios: list[EntryIO] | None = None
@@ -224,8 +227,9 @@ class Pager:
     def split_phase_bytes(self, plan: Plan) -> int:
         """Staging for split-phase paging: per leaf, two chunks of every entry prefetched at
         the take, plus one chunk of every entry in write-behind."""
-        per_leaf = [
-            sum(plan.entries[k].storage.itemsize for k in leaf.entries) * leaf.chunk_elems
+        per_leaf = [  # a leaf smaller than a chunk stages only itself
+            sum(plan.entries[k].storage.itemsize for k in leaf.entries)
+            * min(leaf.chunk_elems, leaf.size)
             for leaf in plan.leaves
         ]
         return 3 * max(per_leaf, default=0) + (1 << 20)
@@ -360,6 +364,8 @@ class Pager:
             for k, c in zip(leaf.entries, crcs, strict=True):
                 new_crcs[k] = c
             outs.append(out.reshape(leaf.shape))
+            if leaf.index == 0 and _fault_armed("store.write"):
+                tok = tok + _write_fault_point(tok)
             tokens.append(tok)
         new_ram = tuple(pre_ram) + tuple(new_inner_ram)
         ram_io = ios[-1]
@@ -415,10 +421,10 @@ class Pager:
     def _check(self, version, crcs):
         store = self.store
         if store is None or store.closed:
-            raise PageStoreError(f"page store {self.root} was closed during the update")
+            raise record(PageStoreError(f"page store {self.root} was closed during the update"))
         reason = stale_reason(store, version, crcs)
         if reason is not None:
-            raise PageStoreError(reason)
+            raise record(PageStoreError(reason))
         return np.zeros((), np.int32)
 
     def _commit(self, version, old_crcs, crcs, tokens):
@@ -430,6 +436,35 @@ class Pager:
             {n: np.asarray(c, np.uint32).reshape(-1) for n, c in zip(names, crcs, strict=True)}
         )
         return np.asarray(new, np.int32)
+
+
+def _check_chunk_bytes(chunk_bytes) -> int:
+    try:
+        return check_chunk_bytes(chunk_bytes)
+    except PageStoreLayoutError as e:
+        raise PageStoreLayoutError(
+            f"jaxoff.paged: {e} (`jaxoff train --chunk-mib` sets it in MiB: 1 to "
+            f"{MAX_CHUNK_BYTES >> 20})"
+        ) from None
+
+
+def _fault_armed(name: str) -> bool:
+    """Whether ``JAXOFF_FAULT`` names fault point ``name`` (read when a step is traced)."""
+    return name in os.environ.get("JAXOFF_FAULT", "")
+
+
+def _write_fault_point(tok: jax.Array) -> jax.Array:
+    """Fault point ``store.write`` as a host callback between the first leaf's page writes and
+    the next leaf's (and the commit): the writes happen inside FFI calls of the jitted step,
+    so a callback ordered by the paging token is the one Python-level place between chunk
+    writes of a step. Only traced when ``JAXOFF_FAULT`` arms it: a plain step has none."""
+
+    def visit(t):
+        del t
+        _faults.point("store.write")
+        return np.zeros((), np.int32)
+
+    return io_callback(visit, jax.ShapeDtypeStruct((), jnp.int32), tok, ordered=False)
 
 
 def stale_reason(store: PageStore, version, crcs) -> str | None:

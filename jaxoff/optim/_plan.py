@@ -246,8 +246,10 @@ def make_plan(
         )
         if leaves[-1].size >= 2**31 - chunk_elems:
             raise NotElementwiseError(
-                f"parameter {name!r} has {leaves[-1].size} elements; "
-                "jaxoff.paged supports at most 2**31 per leaf"
+                f"parameter {name!r} has {leaves[-1].size} elements; with chunks of "
+                f"{chunk_bytes} bytes ({chunk_elems} elements) jaxoff.paged supports leaves of "
+                f"fewer than 2**31 - {chunk_elems} elements (int32 indices): split the "
+                "parameter, or pass a smaller chunk_bytes"
             )
     plan = Plan(
         params_def,
@@ -266,11 +268,13 @@ def make_plan(
             key=lambda t: -math.prod(t[0].shape) * _byte_width(t[0].dtype),
         )[:3]
         shown = ", ".join(f"{p} {tuple(a.shape)} {np.dtype(a.dtype)}" for a, p in big)
+        need = -(-plan.ram_nbytes // 4096) * 4096
         raise NotElementwiseError(
             f"jaxoff.paged: the optimizer state that is not shaped like the parameters (kept in "
             f"RAM and written to the store as one chunk at every step) takes {plan.ram_nbytes} "
-            f"bytes, more than one chunk of {chunk_bytes} bytes (largest: {shown}); pass a "
-            "larger chunk_bytes, or, if these are per-parameter tensors in a container that "
-            "is not shaped like the parameters, the optimizer is not element-wise"
+            f"bytes, more than one chunk of {chunk_bytes} bytes (largest: {shown}); pass "
+            f"chunk_bytes={need} or more (`jaxoff train --chunk-mib`), or, if these are "
+            "per-parameter tensors in a container that is not shaped like the parameters, "
+            "keep this optimizer in RAM (plain optax): it is not element-wise"
         )
     return plan
