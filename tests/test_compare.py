@@ -25,7 +25,7 @@ B, T = 2, 16
 
 
 def test_compare_cli_writes_table_files_and_plot(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # rich would wrap the headers at 80 columns
+    monkeypatch.setenv("COLUMNS", "80")  # a log is not a terminal: the table keeps its width
     out = tmp_path / "cmp"
     # without "none" in the list, compare still measures its FLOPs as the baseline
     rc = main(
@@ -53,6 +53,7 @@ def test_compare_cli_writes_table_files_and_plot(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     for word in ("full", "offload_all", "temp MiB", "recompute", "pareto"):
         assert word in text
+    assert "…" not in text
     rows = {r["policy"]: r for r in csv.DictReader(open(out / "compare.csv"))}
     assert list(rows) == ["full", "offload_all"]
     data = json.loads((out / "compare.json").read_text())
@@ -107,3 +108,43 @@ def test_flops_correction_matches_unrolled_count():
         corrected = step_flops(cfg, B, T)
         assert abs(corrected - exact) <= 1e-3 * exact, (spec, corrected, exact)
         assert once < 0.6 * exact  # the uncorrected figure is far off: the test can fail
+
+
+def test_plot_legend_covers_no_point_and_labels_stay_inside_the_axes():
+    """The legend sits outside the axes, and every label (the top-right ``none`` of the docs'
+    figure included) lies inside them: nothing covered, nothing clipped."""
+    from jaxoff.compare import _report
+
+    MiB = _report.MiB
+    points = {  # policy -> (temp MiB, step ms): the shape of docs/compare_small.png
+        "none": (1107, 1216),
+        "full": (438, 2696),
+        "dots_saveable": (610, 3282),
+        "dots_with_no_batch_dims_saveable": (550, 1868),
+        "selective": (655, 3056),
+        "offload_all": (751, 1150),
+        "offload_dots": (550, 3116),
+        "sqrt": (734, 1432),
+    }
+    front = ("full", "dots_with_no_batch_dims_saveable", "offload_all")
+    rows = [
+        dict(policy=p, placement="device", temp_bytes=m * MiB, step_s=t / 1e3, pareto=p in front)
+        for p, (m, t) in points.items()
+    ]
+    fig = _report.figure(rows, "jaxoff compare: model small", budget=1000 * MiB)
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    axes = ax.get_window_extent(renderer)
+    for m, t in points.values():
+        x, y = ax.transData.transform((m, t))
+        assert not (legend.x0 <= x <= legend.x1 and legend.y0 <= y <= legend.y1), (m, t)
+    assert not legend.overlaps(axes)
+    labels = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+    assert set(labels) == set(points)
+    for name, box in labels.items():
+        inside = axes.x0 <= box.x0 and box.x1 <= axes.x1 and axes.y0 <= box.y0
+        assert inside and box.y1 <= axes.y1, name
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

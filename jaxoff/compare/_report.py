@@ -105,18 +105,58 @@ def write_json(rows: list[dict], meta: dict, path: Path, key: str = "policies", 
     path.write_text(json.dumps({"meta": meta, key: rows, **more}, indent=2) + "\n")
 
 
+def title(meta: dict, strategies: bool = False) -> str:
+    """The title of the table and the plot, from compare.json's ``meta``."""
+    if not strategies:
+        return (
+            f"jaxoff compare: model {meta['model']}, batch {meta['batch_size']}, seq "
+            f"{meta['seq_len']}, {meta['steps']} timed steps"
+        )
+    budget = meta.get("device_mem")
+    return (
+        f"jaxoff compare --strategies: model {meta['model']}, batch {meta['batch_size']}, seq "
+        f"{meta['seq_len']}, device budget "
+        f"{'none' if budget is None else f'{budget / MiB:,.0f} MiB'}, "
+        f"{meta['steps']} timed steps"
+    )
+
+
+def replot(out_dir: Path) -> Path:
+    """Draws ``out_dir/compare.png`` again from ``out_dir/compare.json`` (nothing is rerun)."""
+    data = json.loads((Path(out_dir) / "compare.json").read_text())
+    strategies = "strategies" in data
+    rows = data["strategies"] if strategies else data["policies"]
+    path = Path(out_dir) / "compare.png"
+    x = "device_bytes" if strategies else "temp_bytes"
+    budget = data["meta"].get("device_mem") if strategies else None
+    plot(rows, path, title(data["meta"], strategies), x=x, budget=budget)
+    return path
+
+
 def plot(
     rows: list[dict], path: Path, title: str, x: str = "temp_bytes", budget: float | None = None
 ) -> None:
-    """Device memory (``x``) vs step time, one point per row, the Pareto front joined."""
+    """Device memory (``x``) vs step time, one point per row, the Pareto front joined; the
+    legend sits outside the axes and every label inside them (nothing covered or clipped)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, title, x, budget)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
+def figure(rows: list[dict], title: str, x: str = "temp_bytes", budget: float | None = None):
+    """The figure :func:`plot` saves (a ``matplotlib.figure.Figure``, laid out)."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for r in rows:
-        px, py = r[x] / MiB, r["step_s"] * 1e3
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=120)
+    points = [(r[x] / MiB, r["step_s"] * 1e3) for r in rows]
+    for r, (px, py) in zip(rows, points, strict=True):
         ax.scatter(
             px,
             py,
@@ -124,16 +164,9 @@ def plot(
             color="tab:red" if r["pareto"] else "tab:blue",
             zorder=3,
         )
-        if "strategy" in r:
-            label = r["strategy"]
-        elif r.get("placement", "device") == "device":
-            label = r["policy"]
-        else:
-            label = f"{r['policy']}@{r['placement']}"
-        ax.annotate(label[:36], (px, py), textcoords="offset points", xytext=(5, 4), fontsize=8)
     if budget is not None:
         ax.axvline(budget / MiB, color="gray", linestyle="--", label="device budget")
-    front = sorted((r[x] / MiB, r["step_s"] * 1e3) for r in rows if r["pareto"])
+    front = sorted(p for r, p in zip(rows, points, strict=True) if r["pareto"])
     if front:
         ax.step(
             *zip(*front, strict=True),
@@ -142,16 +175,65 @@ def plot(
             alpha=0.6,
             label="Pareto front (lower-left is better)",
         )
-    if front or budget is not None:
-        ax.legend(loc="upper right", fontsize=8)
+    ax.margins(x=0.08, y=0.1)
     ax.set_xlabel(
         "device temp memory (MiB, compiled.memory_analysis)"
         if x == "temp_bytes"
         else "device memory (MiB: state on device + temp - offloaded activations)"
     )
     ax.set_ylabel("step time (ms, median)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10)
     ax.grid(alpha=0.3)
+    if front or budget is not None:  # beside the axes: it covers no point and no label
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _label_points(fig, ax, [_label(r) for r in rows], points)
+    return fig
+
+
+def _label(row: dict) -> str:
+    if "strategy" in row:
+        return row["strategy"]
+    if row.get("placement", "device") == "device":
+        return row["policy"]
+    return f"{row['policy']}@{row['placement']}"
+
+
+def _label_points(fig, ax, labels: list[str], points: list[tuple[float, float]]) -> None:
+    """Annotates each point, choosing for each label the first of a few places beside its
+    point where it stays inside the axes and covers no other label and no point."""
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    dots = [ax.transData.transform(p) for p in points]
+    placed = []
+    # offsets in points: right, left, then further up and down
+    offsets = [(5, 4), (-5, 4), (5, -12), (-5, -12), (5, 14), (-5, 14), (5, -22), (-5, -22)]
+
+    def annotate(i, offset):
+        return ax.annotate(
+            labels[i][:36],
+            points[i],
+            textcoords="offset points",
+            xytext=offset,
+            ha="left" if offset[0] > 0 else "right",
+            fontsize=8,
+            annotation_clip=False,
+        )
+
+    def score(i, box) -> int:  # 2: inside the axes and clear; 1: inside; 0: neither
+        fits = inside.x0 <= box.x0 and box.x1 <= inside.x1
+        fits = fits and inside.y0 <= box.y0 and box.y1 <= inside.y1
+        covers = any(box.overlaps(b) for b in placed) or any(
+            j != i and box.x0 <= d[0] <= box.x1 and box.y0 <= d[1] <= box.y1
+            for j, d in enumerate(dots)
+        )
+        return 0 if not fits else 1 if covers else 2
+
+    for i in sorted(range(len(points)), key=lambda i: (points[i][1], points[i][0])):
+        scored = []
+        for offset in offsets:
+            text = annotate(i, offset)
+            scored.append((score(i, text.get_window_extent(renderer)), offset))
+            text.remove()
+        best = max(scored, key=lambda s: s[0])[1]  # the first of the best
+        placed.append(annotate(i, best).get_window_extent(renderer))

@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .. import _output
 from . import _report
 from ._config import CompareConfig
 
@@ -57,7 +58,7 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     """
     from ._measure import measure_isolated, measure_policy, model_config, step_flops
 
-    console = console or Console()
+    console = console or _output.console()
     if cfg.strategies.strip():
         return compare_strategies(cfg, console)
     runs = cfg.runs()
@@ -101,10 +102,7 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
         progress.update(task, description="done")
     _report.finish_rows(rows, baseline)
 
-    title = (
-        f"jaxoff compare: model {cfg.model}, batch {cfg.batch_size}, seq {cfg.seq_len}, "
-        f"{cfg.steps} timed steps"
-    )
+    title = _report.title(_meta(cfg))
     console.print(_report.table(rows, title))
     if cfg.check_export:
         for r in rows:
@@ -151,7 +149,7 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
     from ._measure import model_config
     from ._strategies import baseline_flops, strategy_rows
 
-    console = console or Console()
+    console = console or _output.console()
     names = cfg.strategy_list()
     with _progress(console) as progress:
         task = progress.add_task("compare", total=len(names) + 1)
@@ -165,12 +163,7 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
         if "flops" in r:
             r["recompute_overhead"] = r["flops"] / baseline - 1.0
     budget = cfg.device_mem_bytes()
-    title = (
-        f"jaxoff compare --strategies: model {cfg.model}, batch {cfg.batch_size}, seq "
-        f"{cfg.seq_len}, device budget "
-        f"{'none' if budget is None else f'{budget / _report.MiB:,.0f} MiB'}, "
-        f"{cfg.steps} timed steps"
-    )
+    title = _report.title(_meta(cfg, device_mem=budget), strategies=True)
     columns = _report.STRATEGY_COLUMNS
     if measured:
         console.print(_report.table(measured, title, columns))

@@ -105,8 +105,7 @@ def make_plan(cfg: PlanConfig, console=None):
         >>> from jaxoff.plan import PlanConfig, make_plan  # doctest: +SKIP
         >>> make_plan(PlanConfig(model="xl", hardware="rtx4090", batch_size=8, seq_len=1024))
     """
-    from rich.console import Console
-
+    from .. import _output
     from ._cost import evaluate, fits
     from ._greedy import greedy
     from ._planfile import PlanFile, prediction_json
@@ -114,7 +113,7 @@ def make_plan(cfg: PlanConfig, console=None):
     from ._report import print_plan
     from ._solver import solve
 
-    console = console or Console()
+    console = console or _output.console()
     hw = cfg.get_hardware()
     cpu_lowering = hw.shared_memory if cfg.cpu_lowering is None else cfg.cpu_lowering
     with console.status(f"profiling {cfg.model} at batch {cfg.batch_size} x seq {cfg.seq_len}"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from .. import _output
 from ._cost import Plan, Prediction
 from ._hardware import Hardware
 from ._profile import Profile
@@ -108,7 +109,7 @@ def tiers_table(hw: Hardware, rows: list[tuple[str, Plan, Prediction]]) -> Table
 
 
 def print_plan(prof, hw, plan, pred, others, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or _output.console()
     console.print(plan_table(prof, hw, plan, pred))
     console.print(tiers_table(hw, [("MILP (chosen)", plan, pred), *others]))
     console.print(
