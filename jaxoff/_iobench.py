@@ -27,9 +27,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from jaxoff._errors import ConfigError
-from jaxoff.aio._engine import Engine, EngineConfig
+from jaxoff.aio import Engine, EngineConfig
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+OPS = ("read", "write")
+BACKENDS = ("auto", "io_uring", "posix")
 
 
 def parse_size(text: str) -> int:
@@ -38,6 +42,52 @@ def parse_size(text: str) -> int:
     if text and text[-1] in _UNITS:
         return int(float(text[:-1]) * _UNITS[text[-1]])
     return int(text)
+
+
+def _sizes(option: str, text: str, multiple: int = 1) -> list[int]:
+    """The comma-separated sizes of ``--option``, each positive and a multiple of ``multiple``."""
+    out = []
+    for item in text.split(","):
+        try:
+            n = parse_size(item)
+        except ValueError:
+            raise ConfigError(
+                f"--{option} {item.strip()!r} is not a size; write e.g. 4K, 1M, 64M or 1G"
+            ) from None
+        if n <= 0 or n % multiple:
+            need = "positive" if multiple == 1 else f"a positive multiple of {fmt_size(multiple)}"
+            raise ConfigError(f"--{option} {item.strip()!r} must be {need} (e.g. 1M)")
+        out.append(n)
+    return out
+
+
+def _ints(option: str, text: str, low: int, high: int) -> list[int]:
+    """The comma-separated integers of ``--option``, each in ``[low, high]``."""
+    out = []
+    for item in text.split(","):
+        try:
+            n = int(item)
+        except ValueError:
+            raise ConfigError(f"--{option} {item.strip()!r} is not an integer") from None
+        if not low <= n <= high:
+            raise ConfigError(f"--{option} {n} must be between {low} and {high}")
+        out.append(n)
+    return out
+
+
+def _choices(option: str, text: str, valid: Sequence[str]) -> list[str]:
+    """The comma-separated names of ``--option``, each one of ``valid``."""
+    names = [n.strip() for n in text.split(",")]
+    for n in names:
+        if n not in valid:
+            raise ConfigError(
+                f"--{option} {n!r} is not one of {', '.join(valid)} (a comma-separated list, "
+                f"e.g. {','.join(valid[:2])})"
+            )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--{option} {text!r} lists {', '.join(twice)} twice")
+    return names
 
 
 def fmt_size(n: int) -> str:
@@ -205,6 +255,7 @@ def measure(
     results = []
     for i, case in enumerate(cases):
         r = dict(op=case.op, size=case.size, **case.config.as_kwargs())
+        r["backend_used"] = bench.engine(case.config).backend
         for k in kinds:
             r[f"{k}_GBps"] = statistics.median(samples[(i, k)])
         if use_fio:
@@ -230,8 +281,9 @@ def _progress(enabled: bool):
 
 
 def print_table(results: list[dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from jaxoff._output import console
 
     t = Table(title="jaxoff I/O engine vs fio (GB/s = 1e9 B/s, medians)")
     cols = [
@@ -260,14 +312,28 @@ def print_table(results: list[dict]) -> None:
             fmt_size(r["block_size"]),
             str(r["queue_depth"]),
             str(r["threads"]),
-            r["backend"],
+            _backend(r),
             f(r, "engine_GBps"),
             f(r, "ffi_GBps"),
             f(r, "fio_GBps"),
             f(r, "engine_vs_fio"),
             f(r, "ffi_vs_fio"),
         )
-    Console().print(t)
+    console().print(t)
+
+
+def _auto_backend() -> str | None:
+    """What ``--backends auto`` gives here, and why (``jaxoff.aio.backend_status``)."""
+    import jaxoff.aio
+
+    status = getattr(jaxoff.aio, "backend_status", None)  # absent in older builds
+    return None if status is None else f"backend auto: {status()}"
+
+
+def _backend(r: dict) -> str:
+    """The backend asked for, and the one in use when they differ (auto -> io_uring)."""
+    used = r.get("backend_used", r["backend"])
+    return r["backend"] if used == r["backend"] else f"{r['backend']}->{used}"
 
 
 def tune(
@@ -329,32 +395,59 @@ class IOBenchConfig:
     no_progress: bool = False
 
     def validate(self) -> IOBenchConfig:
-        try:
-            for field in (self.sizes, self.block_sizes, self.pool_bytes):
-                [parse_size(s) for s in field.split(",")]
-            [int(q) for q in self.queue_depths.split(",")]
-            [int(t) for t in self.threads.split(",")]
-        except ValueError as e:
-            raise ConfigError(f"io-bench: {e}") from None
+        """Checks every option up front; raises :class:`ConfigError` naming it and the fix."""
+        if self.dir is not None:
+            if os.path.exists(self.dir) and not os.path.isdir(self.dir):
+                raise ConfigError(f"--dir {self.dir} is a file, not a directory; name a directory")
+            if not os.path.isdir(self.dir):
+                raise ConfigError(
+                    f"--dir {self.dir}: no such directory; create it (mkdir -p) or leave --dir "
+                    f"out to use a temporary directory"
+                )
+            if not os.access(self.dir, os.W_OK | os.X_OK):
+                raise ConfigError(f"--dir {self.dir} is not writable; choose another --dir")
+        _choices("ops", self.ops, OPS)
+        _choices("backends", self.backends, BACKENDS)
+        _sizes("sizes", self.sizes, multiple=4096)  # whole 4 KiB pages, as O_DIRECT reads them
+        blocks = _sizes("block-sizes", self.block_sizes, multiple=4096)
+        _sizes("pool-bytes", self.pool_bytes)
+        _ints("queue-depths", self.queue_depths, 1, 4096)
+        _ints("threads", self.threads, 1, 256)
         if self.fio not in ("auto", "on", "off"):
             raise ConfigError(f"--fio must be auto, on or off, got {self.fio!r}")
         if self.fio == "on" and not fio_available():
             raise ConfigError("--fio on: fio not found; install it (apt-get install fio)")
         if self.reps < 1:
             raise ConfigError(f"--reps must be at least 1, got {self.reps}")
+        if self.tune and not self.out.endswith((".json", ".toml")):
+            raise ConfigError(f"--out {self.out}: --tune writes .json or .toml; name one")
+        for option, path in (("out", self.out if self.tune else None), ("json", self.json)):
+            parent = os.path.dirname(os.path.abspath(path)) if path else None
+            if parent is not None and not os.path.isdir(parent):
+                raise ConfigError(f"--{option} {path}: no directory {parent}; create it first")
+        if "io_uring" in self.backends.split(","):
+            try:  # required, not a fallback: refuse now rather than after the files are written
+                Engine(EngineConfig(block_size=blocks[0], pool_bytes=blocks[0], backend="io_uring"))
+            except (OSError, RuntimeError, ValueError) as e:
+                raise ConfigError(
+                    f"--backends io_uring: not available here ({e}); use auto or posix"
+                ) from None
         return self
 
 
 def run(a: IOBenchConfig) -> int:
     """Runs the benchmark (or the tuning sweep) described by ``a``."""
-    sizes = [parse_size(s) for s in a.sizes.split(",")]
-    blocks = [parse_size(s) for s in a.block_sizes.split(",")]
-    qds = [int(q) for q in a.queue_depths.split(",")]
-    threads = [int(t) for t in a.threads.split(",")]
-    backends = a.backends.split(",")
+    a = a.validate()
+    sizes = _sizes("sizes", a.sizes)
+    blocks = _sizes("block-sizes", a.block_sizes)
+    qds = _ints("queue-depths", a.queue_depths, 1, 4096)
+    threads = _ints("threads", a.threads, 1, 256)
+    backends = _choices("backends", a.backends, BACKENDS)
     use_fio = a.fio == "on" or (a.fio == "auto" and fio_available())
     if not use_fio and a.fio == "auto":
         print("fio not found: engine/fio ratios skipped (install: apt-get install fio)")
+    if "auto" in backends and (line := _auto_backend()) is not None:
+        print(line)
     root = tempfile.mkdtemp(prefix="jaxoff_iobench_", dir=a.dir)
     bench = Bench(root, sizes if not a.tune else sizes[:1], with_ffi=not a.no_ffi and not a.tune)
     try:
@@ -378,7 +471,7 @@ def run(a: IOBenchConfig) -> int:
                         backend=be,
                     ),
                 )
-                for op in a.ops.split(",")
+                for op in _choices("ops", a.ops, OPS)
                 for s in sizes
                 for bs in blocks
                 for qd in qds
@@ -395,3 +488,12 @@ def run(a: IOBenchConfig) -> int:
         bench.close()
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python bench/io_bench.py [options]``: the same as ``jaxoff io-bench [options]``."""
+    import sys
+
+    from jaxoff.cli import main as cli
+
+    return cli(["io-bench", *(sys.argv[1:] if argv is None else argv)])

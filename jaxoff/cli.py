@@ -3,18 +3,29 @@
 Commands register in :data:`COMMANDS`; options are parsed by tyro from the dataclass
 fields (``--help`` lists them all with their docs), defaults may come from a TOML file
 given with ``--config``.
+
+A failure is one line on stderr, ``jaxoff <command>: error: <what happened>; <what to do>``:
+bad input (a :class:`JaxoffError`, or an option tyro cannot parse) exits 2, a failing file
+system (``OSError``: disk full, permission denied, ...) exits 1 naming the path, and an
+unexpected exception (a bug) exits 1 saying so. ``--debug`` anywhere on the command line
+(or ``JAXOFF_DEBUG=1``) prints the full traceback (or tyro's own report) as well.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import os
+import re
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import tyro
 
-from ._errors import JaxoffError
+from ._errors import JaxoffError, UsageError, describe_os_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,54 +79,219 @@ HELP: dict[str, str] = {
 
 
 def _usage() -> str:
-    lines = ["usage: jaxoff <command> [--help] [options]", "", "commands:"]
+    lines = ["usage: jaxoff [--debug] <command> [--help] [options]", "", "commands:"]
     for name in COMMANDS:
         lines.append(f"  {name:<10} {HELP[name]}")
+    lines += [
+        "",
+        "options:",
+        "  --debug    on failure, print the full traceback (anywhere on the line; or "
+        "JAXOFF_DEBUG=1)",
+    ]
     return "\n".join(lines)
 
 
 def _pop_config(argv: list[str]) -> tuple[str | None, list[str]]:
     for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
+        if arg == "--config":
+            if i + 1 == len(argv):
+                raise UsageError("--config needs a file: --config FILE.toml")
             return argv[i + 1], argv[:i] + argv[i + 2 :]
         if arg.startswith("--config="):
             return arg.split("=", 1)[1], argv[:i] + argv[i + 1 :]
     return None, argv
 
 
+def _pop_debug(argv: list[str]) -> tuple[bool, list[str]]:
+    """``--debug`` wherever it is (before or after the command), and the rest."""
+    rest = [a for a in argv if a != "--debug"]
+    env = os.environ.get("JAXOFF_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    return env or len(rest) < len(argv), rest
+
+
+# tyro reports a parse error in a box: UTF-8 (a title in the top border, rules of ─) or ASCII
+# (a title line, rules of -), wrapped to the terminal width
+_BORDER = "│╭╮╰╯ \t"
+
+
+def _tyro_message(report: str) -> str:
+    """tyro's error box as one line: its message, reworded, and the options it suggests."""
+    lines = [line.strip(_BORDER) for line in report.splitlines()]
+    lines = [line for line in lines if line]
+    if lines and not report.lstrip().startswith("╭"):
+        lines = lines[1:]  # the ASCII box's title line
+    paragraphs: list[list[str]] = [[]]
+    for line in lines:
+        if line.startswith("─ "):  # the UTF-8 box's top border, with the title
+            continue
+        if not line.strip("-─ "):  # a rule
+            if paragraphs[-1]:
+                paragraphs.append([])
+            continue
+        paragraphs[-1].append(line)
+    if not paragraphs[0]:
+        return " ".join(report.split())
+    text = " ".join(" ".join(paragraphs[0]).split())
+    for pattern, replacement in _REWORDINGS:
+        text = re.sub(pattern, replacement, text)
+    for p in paragraphs[1:]:
+        if p and p[0].startswith("Perhaps you meant"):
+            options = [w for line in p[1:] for w in line.split()[:1] if w.startswith("-")]
+            if options:
+                text += f" (did you mean {' or '.join(dict.fromkeys(options))}?)"
+    return text
+
+
+# tyro's wording -> ours (one line: the option, what is wrong with the value, the choices)
+_REWORDINGS = [
+    (r"^Error parsing ", ""),
+    (r"invalid literal for int\(\) with base 10: ('.*')$", r"\1 is not an integer"),
+    (r"could not convert string to float: ('.*')$", r"\1 is not a number"),
+    (
+        r"^invalid choice ('.*') for argument '(\S+)'\. Expected one of \((.*)\)\.$",
+        lambda m: f"{m[2]} {m[1]} is not a choice; choose one of {m[3].replace(chr(39), '')}",
+    ),
+    (r"^Missing value for argument '(\S+)'\..*$", r"\1 needs a value"),
+    (r"^Unrecognized options: ", "unrecognized arguments: "),
+]
+
+
+def _parse(command: Command, name: str, args: list[str], default: Any, debug: bool) -> Any:
+    """tyro parses ``args``; a parse error becomes a :class:`UsageError` of one line."""
+
+    def cli():
+        return tyro.cli(
+            command.config_type,
+            args=args,
+            default=default,
+            prog=f"jaxoff {name}",
+            description=command.help
+            + (" (defaults may come from --config FILE.toml)" if command.load_file else "")
+            + "; --debug prints the traceback of a failure",
+        )
+
+    report = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(report):
+            config = cli()
+    except SystemExit as e:
+        if e.code in (0, None):  # --help
+            raise
+        if debug:
+            sys.stderr.write(report.getvalue())
+        # render the report again without wrapping: one line must hold the whole message
+        wide = io.StringIO()
+        columns = os.environ.get("COLUMNS")
+        os.environ["COLUMNS"] = "100000"
+        try:
+            with contextlib.redirect_stderr(wide), contextlib.suppress(SystemExit):
+                cli()
+        finally:
+            if columns is None:
+                del os.environ["COLUMNS"]
+            else:
+                os.environ["COLUMNS"] = columns
+        message = _tyro_message(wide.getvalue() or report.getvalue())
+        raise UsageError(f"{message}; see jaxoff {name} --help") from None
+    except BaseException:
+        sys.stderr.write(report.getvalue())  # what tyro said before it failed
+        raise
+    sys.stderr.write(report.getvalue())  # tyro's warnings, if any
+    return config
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``e`` (itself, or what it was raised from), if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _run(name: str, command: Command, rest: list[str], debug: bool) -> None:
+    config_path, rest = _pop_config(rest)
+    if config_path is not None and command.load_file is None:
+        raise UsageError(
+            f"--config is an option of jaxoff train only; give the options of {name} on the "
+            f"command line"
+        )
+    default = command.config_type()
+    if config_path is not None:
+        default = command.config_type(**command.load_file(config_path))
+    config = _parse(command, name, rest, default, debug)
+    if hasattr(config, "validate"):
+        config = config.validate()
+    command.run(config)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs ``jaxoff <command> [options]``; returns the exit status (0: done, 2: bad input,
+    1: the file system failed or a bug, 130: interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug, argv = _pop_debug(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"jaxoff: error: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    command = COMMANDS[name]()
-    try:
-        config_path, rest = _pop_config(rest)
-        default = command.config_type()
-        if config_path is not None and command.load_file is not None:
-            default = command.config_type(**command.load_file(config_path))
-        config = tyro.cli(
-            command.config_type,
-            args=rest,
-            default=default,
-            prog=f"jaxoff {name}",
-            description=command.help
-            + (" (defaults may come from --config FILE.toml)" if command.load_file else ""),
+        import difflib
+
+        near = difflib.get_close_matches(name, COMMANDS, n=1)
+        if name.startswith("-"):
+            what = f"unknown option {name!r} before the command (only --debug and --help go there)"
+        else:
+            what = f"unknown command {name!r}" + (f" (did you mean {near[0]}?)" if near else "")
+        print(
+            f"jaxoff: error: {what}; the commands are {', '.join(COMMANDS)} (see jaxoff --help)",
+            file=sys.stderr,
         )
-        if hasattr(config, "validate"):
-            config = config.validate()
-        command.run(config)
-    except JaxoffError as e:
-        print(f"jaxoff {name}: error: {e}", file=sys.stderr)
         return 2
+    prefix = f"jaxoff {name}: error:"
+    try:
+        _run(name, COMMANDS[name](), rest, debug)
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
         print(f"jaxoff {name}: interrupted", file=sys.stderr)
         return 130
+    except JaxoffError as e:
+        if debug and not isinstance(e, UsageError):
+            traceback.print_exc()
+        print(f"{prefix} {_one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 (the last word on any failure is one line)
+        if debug:
+            traceback.print_exc()
+        os_error = _os_error(e)
+        if os_error is not None:
+            print(f"{prefix} {_one_line(describe_os_error(os_error))}", file=sys.stderr)
+            return 1
+        if isinstance(e, MemoryError):
+            print(
+                f"{prefix} out of memory; choose a smaller model or batch, or page the "
+                f"optimizer state (--store) or offload activations (--policy)",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"{prefix} internal error, a bug in jaxoff: {type(e).__name__}: {_one_line(e)}; "
+            + (
+                "please report it with the traceback above"
+                if debug
+                else f"rerun with --debug (jaxoff --debug {name} ...) for the traceback, and "
+                f"report it"
+            ),
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def _one_line(e: BaseException | str) -> str:
+    return " ".join(str(e).split()) if "\n" in str(e) else str(e)
 
 
 if __name__ == "__main__":
