@@ -22,9 +22,8 @@ from jaxoff.cli import COMMANDS, main
 # a bound that only catches a hung child process, never a slow one
 HANG_S = 900 * float(os.environ.get("JAXOFF_TEST_TIMEOUT_SCALE", "1"))
 
-# Cases whose fix lands with the train and store changes (TOML value types, --store naming a
-# file, the --chunk-mib range, all checked before anything is written): marked until then.
-TRAIN_FIX = "fixed by the train change (TOML value types, --store naming a file)"
+# A case whose fix lands with the train/store changes (the --chunk-mib range checked before
+# anything is written): marked until then.
 STORE_FIX = "fixed by the train/store change (--chunk-mib range checked up front)"
 
 TINY = ["--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--steps", "2"]
@@ -70,13 +69,11 @@ CASES = [
         ["train", "--config", "wrong_type.toml"],
         ["--config wrong_type.toml", "steps", "'many'"],
         id="train --config wrong_type.toml",
-        marks=pytest.mark.xfail(strict=True, reason=TRAIN_FIX),
     ),
     pytest.param(
         ["train", *TINY, "--store", "a_file", "--out-dir", "new_run"],
         ["--store a_file", "not a directory"],
         id="train --store a_file",
-        marks=pytest.mark.xfail(strict=True, reason=TRAIN_FIX),
     ),
     pytest.param(
         ["train", *TINY, "--chunk-mib", "0", "--out-dir", "new_run"],
