@@ -24,7 +24,6 @@ HANG_S = 900 * float(os.environ.get("JAXOFF_TEST_TIMEOUT_SCALE", "1"))
 
 # A case whose fix lands with the train/store changes (the --chunk-mib range checked before
 # anything is written): marked until then.
-STORE_FIX = "fixed by the train/store change (--chunk-mib range checked up front)"
 
 TINY = ["--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--steps", "2"]
 
@@ -84,8 +83,6 @@ CASES = [
         ["train", *TINY, "--chunk-mib", "100000000", "--out-dir", "new_run"],
         ["--chunk-mib"],
         id="train --chunk-mib 100000000",
-        # refused only when the optimizer is built, after config.json is written
-        marks=pytest.mark.xfail(strict=True, reason=STORE_FIX),
     ),
     # train: the run directory
     (["train", *TINY, "--out-dir", "run"], ["already holds a run", "--resume", "--overwrite"]),

@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _limits import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "ctest"
@@ -20,7 +21,7 @@ def test_cpp_engine_suite():
         ["ctest", "--test-dir", str(BUILD), "--output-on-failure"],
     ]
     for cmd in steps:
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
         assert out.returncode == 0, (
             f"{' '.join(cmd)} failed:\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
         )

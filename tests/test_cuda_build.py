@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _limits import HANG_S
 
 from jaxoff import JaxoffError, _ffi
 from jaxoff.aio import _cuda, _ffi_calls, cuda_status
@@ -188,7 +189,7 @@ def configure(tmp_path, mode, *extra):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_S,
     )
 
 

@@ -11,6 +11,7 @@ import crc32c as crc32c_pkg
 import ml_dtypes
 import numpy as np
 import pytest
+from _limits import HANG_S
 
 from jaxoff import _ffi
 from jaxoff.aio._engine import Engine, EngineConfig, crc32c
@@ -168,7 +169,7 @@ def test_file_size_limit_gives_clear_efbig(tmp_path, backend):
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=os.environ.copy(),
     )
     assert out.returncode == 0, out.stderr
@@ -205,7 +206,7 @@ def test_auto_backend_says_why_io_uring_setup_failed():
     )
     env = {k: v for k, v in os.environ.items() if k != "JAXOFF_AIO_BACKEND"}
     r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, env=env
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr

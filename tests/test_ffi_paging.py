@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _limits import HANG_S
 
 from jaxoff import _ffi
 from jaxoff.aio._engine import EngineConfig
@@ -217,7 +218,7 @@ def test_read_past_end_is_a_clear_error(table):
     assert str(paths[0]) in str(e.value)
 
 
-def _run(script, env_extra=None, timeout=180):
+def _run(script, env_extra=None, timeout=HANG_S):
     env = os.environ.copy()
     env.update(env_extra or {})
     return subprocess.run(

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _limits import HANG_S
 
 from jaxoff.aio import cuda_status
 from jaxoff.aio._engine import EngineConfig
@@ -141,7 +142,7 @@ except Exception as e:
 """
     env = dict(os.environ, JAXOFF_CUDA_PINNED_MAX_BYTES=str(8 << 20))
     r = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_S
     )
     assert "ERR" in r.stdout, r.stdout + r.stderr
     assert "page-locked staging would exceed JAXOFF_CUDA_PINNED_MAX_BYTES" in r.stdout
@@ -177,7 +178,7 @@ def probe(**kw) -> dict:
     args = [sys.executable, str(PROBE)]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads(r.stdout.strip().splitlines()[-1])
     assert rec["ok"], rec

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _limits import HANG_S
 
 from jaxoff.optim import load_state, paged, restore_paged, save_paged
 
@@ -62,7 +63,10 @@ def test_crash_during_update_resumes_bitwise(tmp_path, when):
         print("NOT KILLED")
     """
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
     )
     assert out.returncode == -9, out.stdout + out.stderr
     # Reopen: the store is at a committed version, readable, and consistent.
@@ -130,7 +134,10 @@ def test_resident_memory_is_bounded(tmp_path):
         print(base, peak, float(params["w0"][0]))
     """
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     base, peak, w = out.stdout.split()

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _limits import HANG_S
 
 from jaxoff.aio import PageStoreTornError
 from jaxoff.optim import load_state, paged, restore_paged
@@ -62,7 +63,10 @@ def test_crash_mid_update_of_a_single_slot_store_resumes_from_the_checkpoint(tmp
         print("NOT KILLED")
     """
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
     )
     assert out.returncode == -9, out.stdout + out.stderr
     tx = paged(OPTIMIZERS["adamw"](), root, chunk_bytes=4096, slots=1)

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from _limits import HANG_S
 
 import jaxoff.aio._store
 from jaxoff.aio._store import PageStore
@@ -40,7 +41,7 @@ def _spawn(code: str, *args: str, stdin=None) -> subprocess.Popen:
     )
 
 
-def _wait_line(proc: subprocess.Popen, timeout: float = 60) -> str:
+def _wait_line(proc: subprocess.Popen, timeout: float = HANG_S) -> str:
     line = proc.stdout.readline()  # the child prints before it blocks, so this returns
     if not line:
         proc.wait(timeout)
@@ -113,7 +114,7 @@ def test_lock_refuses_a_second_process(tmp_path):
         PageStore.open(root)
     assert f"locked by another process (pid {pid} on host" in str(err.value)
     assert "different store directory" in str(err.value)
-    child.communicate("\n", timeout=60)
+    child.communicate("\n", timeout=HANG_S)
     assert child.returncode == 0
     with PageStore.open(root) as store:  # released when the holder closed
         assert store.version == 1
@@ -126,7 +127,7 @@ def test_lock_refuses_a_second_process(tmp_path):
             """,
             str(root),
         )
-        out, err = child.communicate(timeout=60)
+        out, err = child.communicate(timeout=HANG_S)
     assert out.startswith("PageStoreLockedError") and f"pid {os.getpid()} " in out, err
 
 
@@ -240,7 +241,7 @@ def test_disk_full_raises_and_keeps_the_last_version(tmp_path):
         str(root),
         str(limit),
     )
-    out, err = child.communicate(timeout=120)
+    out, err = child.communicate(timeout=HANG_S)
     assert child.returncode == 0, err
     out = json.loads(out)
     name, msg, path, needed = out["write"]

@@ -114,3 +114,15 @@ def test_no_recompilation_on_step_two():
         jax.monitoring.unregister_event_duration_listener(listener)
     assert first >= 1
     assert len(compiles) == first
+
+
+@pytest.mark.parametrize("steps", [1, 2, 31])
+def test_schedule_of_a_short_run_warms_up_and_decays(steps):
+    from jaxoff.train import TrainConfig
+
+    cfg = TrainConfig(steps=steps, warmup_steps=30, lr=1e-3)
+    sched = cfg.schedule()
+    lrs = [float(sched(t)) for t in range(steps + 1)]
+    assert lrs[0] == 0.0 and all(np.isfinite(lrs))
+    assert max(lrs) == pytest.approx(1e-3) if steps > 1 else lrs[1] == pytest.approx(1e-3)
+    cfg.build_optimizer()  # --steps 1 used to fail: "requires positive decay_steps"

@@ -65,9 +65,10 @@ class TrainConfig:
         stop_at: stop after this step (as if interrupted), checkpointing first; 0 runs to the end.
         progress: show progress: a live bar where stderr is a terminal, else a plain line
             every few steps; False (--no-progress) shows none.
-        store: where the optimizer state and fp32 master weights live: ``auto`` pages them
-            to ``<out_dir>/store`` (``jaxoff.paged``: streamed chunk by chunk through the async
-            I/O engine), a directory pages them there, ``none`` keeps them in RAM.
+        store: where the optimizer state lives (with 16-bit parameters also the fp32 master
+            weights; float32 parameters are their own masters): ``auto`` pages it to
+            ``<out_dir>/store`` (``jaxoff.paged``: streamed chunk by chunk through the async
+            I/O engine), a directory pages it there, ``none`` keeps it in RAM.
         chunk_mib: MiB per chunk of the paged optimizer state (with --store).
         store_slots: 2 keeps the last committed optimizer step on disk while the next one is
             written (a crash mid-step loses nothing); 1 updates the store in place with half
@@ -154,8 +155,11 @@ class TrainConfig:
             batch_size=self.batch_size,
         )
         if self.store_dir() is not None:
-            if self.chunk_mib < 1:
-                raise ConfigError(f"--chunk-mib must be at least 1, got {self.chunk_mib}")
+            if not 1 <= self.chunk_mib <= 1024:
+                raise ConfigError(
+                    f"--chunk-mib must be from 1 to 1024 (MiB per chunk of the paged optimizer "
+                    f"state), got {self.chunk_mib}"
+                )
             if self.store_slots not in (1, 2):
                 raise ConfigError(
                     f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
@@ -225,9 +229,10 @@ class TrainConfig:
         return make_mesh(self.fsdp)
 
     def schedule(self) -> optax.Schedule:
-        warmup = min(self.warmup_steps, self.steps - 1)
+        # at least one warm-up step and one decay step, so that --steps 1 runs
+        warmup = max(min(self.warmup_steps, self.steps - 1), 1)
         return optax.warmup_cosine_decay_schedule(
-            0.0, self.lr, max(warmup, 1), max(self.steps, warmup + 1), end_value=self.lr * 0.1
+            0.0, self.lr, warmup, max(self.steps, warmup + 1), end_value=self.lr * 0.1
         )
 
     def build_optimizer(self) -> optax.GradientTransformation:

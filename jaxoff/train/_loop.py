@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import time
 from pathlib import Path
@@ -195,11 +194,12 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
 
 def _step_error(e: Exception, step: int) -> Exception:
     """The page store's own message when a step died in it (e.g. a full disk); the store
-    raised it inside a host callback, which XLA reports wrapped in a long runtime error."""
-    found = re.findall(r"(PageStore\w*Error): (.+)", str(e))
-    if not found:
-        return e
-    return JaxoffError(f"step {step}: {found[-1][1].strip()}")
+    raised it inside a host callback or an FFI call, which XLA reports wrapped in a long
+    runtime error."""
+    from ..aio import store_error_from
+
+    found = store_error_from(e)
+    return e if found is None else JaxoffError(f"step {step}: {found}")
 
 
 def _close_quietly(close) -> None:
