@@ -119,19 +119,23 @@ class Checkpoints:
 
 # orbax logs a failed write, with its traceback, before raising it; a full disk is then said
 # once, in one line, by `disk_full_error`
-_ABSL_LOG = logging.getLogger("absl")
+# (and asyncio logs each failed write task that nobody awaited, when it is collected)
+_QUIET_LOGS = (logging.getLogger("absl"), logging.getLogger("asyncio"))
 
 
 def _drop_disk_full_records(record: logging.LogRecord) -> bool:
-    message = record.getMessage()
-    return not any(f"os_error_code='{code}'" in message for code in _FULL)
+    text = record.getMessage().replace("\\'", "'")  # a task's repr escapes the quotes
+    if record.exc_info and record.exc_info[1] is not None:
+        text += str(record.exc_info[1])
+    return not any(f"os_error_code='{code}'" in text for code in _FULL)
 
 
 def _quiet_orbax_disk_full() -> None:
     """After a failed orbax write, tensorstore's pending callbacks find their event loop
     closed and each prints a traceback (an "unraisable" error) around the error that matters;
     those, and only those, are dropped, as are orbax's log records of a full disk."""
-    _ABSL_LOG.addFilter(_drop_disk_full_records)  # a no-op when already there
+    for log in _QUIET_LOGS:
+        log.addFilter(_drop_disk_full_records)  # a no-op when already there
     previous = sys.unraisablehook
     if getattr(previous, "_jaxoff_quiet", False):
         return
