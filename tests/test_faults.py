@@ -25,7 +25,6 @@ import dataclasses
 import json
 import os
 import random
-import resource
 import shutil
 import signal
 import subprocess
@@ -65,12 +64,12 @@ def _env(cache: Path | None, fault: str | None = None) -> dict:
     return env
 
 
-def _fsize_limit(limit: int):
-    def preexec():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death by signal
-
-    return preexec
+# sets the file size limit, then becomes the command (no fork of this multithreaded process
+# with a preexec_fn); Python ignores SIGXFSZ, so a write past the limit fails with EFBIG
+_WITH_FSIZE = (
+    "import os, resource, sys; limit = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); os.execv(sys.argv[2], sys.argv[2:])"
+)
 
 
 @dataclasses.dataclass
@@ -89,13 +88,15 @@ class Jaxoff:
         self, run: Path, *extra: str, fault=None, rlimit=None, steps=STEPS
     ) -> subprocess.CompletedProcess:
         try:
+            cmd = self.cmd(run, *extra, steps=steps)
+            if rlimit:
+                cmd = [sys.executable, "-c", _WITH_FSIZE, str(rlimit), *cmd]
             return subprocess.run(
-                self.cmd(run, *extra, steps=steps),
+                cmd,
                 capture_output=True,
                 text=True,
                 timeout=TIMEOUT_S,
                 env=_env(None if rlimit else self.cache, fault),
-                preexec_fn=_fsize_limit(rlimit) if rlimit else None,
             )
         except subprocess.TimeoutExpired as e:
             pytest.fail(f"jaxoff train hung (no exit in {TIMEOUT_S:.0f} s): {e.cmd}")
