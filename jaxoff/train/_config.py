@@ -173,9 +173,11 @@ class TrainConfig:
         if self.data is not None and not Path(self.data).exists():
             raise ConfigError(f"--data {self.data}: no such file or directory")
         _check_data_options(self.data, self.tokenizer, self.token_dtype)
-        _check_writable(Path(self.out_dir))
+        _check_writable(Path(self.out_dir), "--out-dir", "choose another --out-dir")
         if self.store_dir() is not None:
-            _check_store_dir(self.store_dir())
+            _check_writable(
+                self.store_dir(), "--store", "choose another --store directory, or --store none"
+            )
         return self
 
     def model_config(self):
@@ -312,35 +314,22 @@ def _check_data_options(data: Path | None, tokenizer: Path | None, token_dtype: 
             raise ConfigError(f"--tokenizer {tokenizer}: no such file (a tokenizers JSON file)")
 
 
-def _check_writable(out_dir: Path) -> None:
-    """Creates ``out_dir`` and proves a file can be written there."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
+def _check_writable(path: Path, option: str, alternative: str) -> None:
+    """Creates the directory ``path`` (given as ``option``) and proves a file can be written
+    there; the errors name ``alternative``, what the user can pass instead."""
+    if path.exists() and not path.is_dir():
         raise ConfigError(
-            f"--out-dir {out_dir} is not writable ({e.strerror}); choose another --out-dir"
-        ) from None
-
-
-def _check_store_dir(store: Path) -> None:
-    """Creates the page-store directory and proves a file can be written there."""
-    if store.exists() and not store.is_dir():
-        raise ConfigError(
-            f"--store {store} is a file, not a directory; name a directory (it is created), "
-            f"or pass --store none"
+            f"{option} {path} is a file, not a directory; name a directory (it is created), "
+            f"or {alternative}"
         )
     try:
-        store.mkdir(parents=True, exist_ok=True)
-        probe = store / ".write-probe"
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-probe"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
         raise ConfigError(
-            f"--store {store} is not writable ({e.strerror}); choose another --store "
-            f"directory, or --store none"
+            f"{option} {path} is not writable ({e.strerror}); {alternative}"
         ) from None
 
 
