@@ -42,14 +42,24 @@ def _parse(spec: str) -> dict[str, int]:
     return armed
 
 
-def point(name: str) -> None:
-    """Dies with SIGKILL here if ``JAXOFF_FAULT`` arms ``name`` for this visit."""
+def _points() -> dict[str, int]:
     global _armed
     if _armed is None:
         _armed = _parse(os.environ.get("JAXOFF_FAULT", ""))
-    if not _armed:
+    return _armed
+
+
+def armed(name: str) -> bool:
+    """Whether ``JAXOFF_FAULT`` arms point ``name`` (for code that adds a point only then)."""
+    return name in _points()
+
+
+def point(name: str) -> None:
+    """Dies with SIGKILL here if ``JAXOFF_FAULT`` arms ``name`` for this visit."""
+    armed_points = _points()
+    if not armed_points:
         return
-    n = _armed.get(name)
+    n = armed_points.get(name)
     if n is None:
         return
     _counts[name] = _counts.get(name, 0) + 1

@@ -322,12 +322,11 @@ def print_table(results: list[dict]) -> None:
     console().print(t)
 
 
-def _auto_backend() -> str | None:
+def _auto_backend() -> str:
     """What ``--backends auto`` gives here, and why (``jaxoff.aio.backend_status``)."""
-    import jaxoff.aio
+    from jaxoff.aio import backend_status
 
-    status = getattr(jaxoff.aio, "backend_status", None)  # absent in older builds
-    return None if status is None else f"backend auto: {status()}"
+    return f"backend auto: {backend_status()}"
 
 
 def _backend(r: dict) -> str:
@@ -446,8 +445,8 @@ def run(a: IOBenchConfig) -> int:
     use_fio = a.fio == "on" or (a.fio == "auto" and fio_available())
     if not use_fio and a.fio == "auto":
         print("fio not found: engine/fio ratios skipped (install: apt-get install fio)")
-    if "auto" in backends and (line := _auto_backend()) is not None:
-        print(line)
+    if "auto" in backends:
+        print(_auto_backend())
     root = tempfile.mkdtemp(prefix="jaxoff_iobench_", dir=a.dir)
     bench = Bench(root, sizes if not a.tune else sizes[:1], with_ffi=not a.no_ffi and not a.tune)
     try:

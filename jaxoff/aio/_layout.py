@@ -20,10 +20,11 @@ import numpy as np
 from jaxoff.aio._store_errors import PageStoreLayoutError
 
 ALIGN = 4096
+"""Offsets and padded chunk sizes are multiples of this, so O_DIRECT can move whole chunks."""
+
 # The largest chunk: a paged optimizer stages a few chunks of every tensor of a leaf in RAM, and
 # indexes elements with int32 (a chunk of 1 GiB is 2**28 float32 elements).
 MAX_CHUNK_BYTES = 1 << 30
-"""Offsets and padded chunk sizes are multiples of this, so O_DIRECT can move whole chunks."""
 
 SLOTS = ("A", "B")
 DEFAULT_DIRS = ("data",)

@@ -19,7 +19,8 @@ from jaxoff.aio._store_errors import (
     PageStoreFullError,
 )
 
-_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+# errnos of a write that found no room: a full disk, the file size limit, a quota
+FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def _full_error(path: str, offset: int, nbytes: int, err: OSError) -> PageStoreFullError:
@@ -54,7 +55,7 @@ def _io_write(path: str, offset: int, buffer) -> None:
         while done < len(view):
             done += os.pwrite(fd, view[done:], offset + done)
     except OSError as e:
-        if e.errno in _FULL:
+        if e.errno in FULL_ERRNOS:
             raise _full_error(path, offset, len(view), e) from None
         raise PageStoreError(f"cannot write page file {path} at offset {offset}: {e}") from e
     finally:
@@ -127,7 +128,7 @@ def allocate_file(path: str, size: int) -> None:
         finally:
             os.close(fd)
     except OSError as e:
-        if e.errno in _FULL:
+        if e.errno in FULL_ERRNOS:
             raise PageStoreFullError(
                 f"cannot allocate page file {path} ({size} bytes needed): "
                 f"{os.strerror(e.errno)}. Free space on that filesystem (or raise "

@@ -22,9 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxoff import _faults
+from jaxoff._errors import describe_os_error
 from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError, PageStoreFullError
 from jaxoff.aio._layout import parse_dtype
-from jaxoff.aio._pageio import fsync_dir
+from jaxoff.aio._pageio import FULL_ERRNOS, fsync_dir
 from jaxoff.optim._paged import (
     PagedState,
     PagedTransformation,
@@ -37,11 +38,6 @@ from jaxoff.optim._state import make_state
 
 FORMAT = "jaxoff.paged-checkpoint/1"
 MANIFEST = "paged.json"
-_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-
-
-def describe(e: OSError) -> str:
-    return f"{e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)})"
 
 
 def _pager(tx):
@@ -85,12 +81,12 @@ def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
         fsync_dir(os.path.dirname(directory))
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written may look saved
-        if isinstance(e, OSError) and e.errno in _FULL:
+        if isinstance(e, OSError) and e.errno in FULL_ERRNOS:
             raise _full(e, directory, needed) from None
         if isinstance(e, OSError) and not isinstance(e, PageStoreError):
             raise PageStoreError(
-                f"cannot write the paged checkpoint {directory}: {describe(e)}; nothing was "
-                "saved for this step"
+                f"cannot write the paged checkpoint {directory}: {describe_os_error(e)}; "
+                "nothing was saved for this step"
             ) from e
         raise
     return total

@@ -364,7 +364,7 @@ class Pager:
             for k, c in zip(leaf.entries, crcs, strict=True):
                 new_crcs[k] = c
             outs.append(out.reshape(leaf.shape))
-            if leaf.index == 0 and _fault_armed("store.write"):
+            if leaf.index == 0 and _faults.armed("store.write"):
                 tok = tok + _write_fault_point(tok)
             tokens.append(tok)
         new_ram = tuple(pre_ram) + tuple(new_inner_ram)
@@ -446,11 +446,6 @@ def _check_chunk_bytes(chunk_bytes) -> int:
             f"jaxoff.paged: {e} (`jaxoff train --chunk-mib` sets it in MiB: 1 to "
             f"{MAX_CHUNK_BYTES >> 20})"
         ) from None
-
-
-def _fault_armed(name: str) -> bool:
-    """Whether ``JAXOFF_FAULT`` names fault point ``name`` (read when a step is traced)."""
-    return name in os.environ.get("JAXOFF_FAULT", "")
 
 
 def _write_fault_point(tok: jax.Array) -> jax.Array:

@@ -77,16 +77,17 @@ class Checkpoints:
                 raise
             raise full from None
         _faults.point("checkpoint.done")
-        for old in complete_steps(self.directory)[: -self.keep]:
+        complete = complete_steps(self.directory)
+        for old in complete[: -self.keep]:
             self.discard(old)
+        kept = {str(s) for s in complete[-self.keep :]}
         for d in self.paged_directory.glob("*"):  # left by a failed save, or by an old run
-            if d.name not in {str(s) for s in complete_steps(self.directory)}:
+            if d.name not in kept:
                 shutil.rmtree(d, ignore_errors=True)
 
     def discard(self, step: int) -> None:
         """Deletes checkpoint ``step`` (both parts)."""
-        shutil.rmtree(self.directory / str(step), ignore_errors=True)
-        shutil.rmtree(self.paged_directory / str(step), ignore_errors=True)
+        remove_step(self.out_dir, step)
         self._manager.reload()
 
     def restore(self, step: int, abstract_state):
@@ -160,6 +161,12 @@ def step_dirs(directory: Path) -> list[int]:
     if not directory.is_dir():
         return []
     return sorted(int(d.name) for d in directory.iterdir() if d.name.isdigit() and d.is_dir())
+
+
+def remove_step(out_dir: Path, step: int) -> None:
+    """Deletes checkpoint ``step`` of the run in ``out_dir``: its orbax and paged parts."""
+    shutil.rmtree(Path(out_dir) / "checkpoints" / str(step), ignore_errors=True)
+    shutil.rmtree(Path(out_dir) / "checkpoints_paged" / str(step), ignore_errors=True)
 
 
 def complete_steps(directory: Path) -> list[int]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import crc32c
 
 from .._errors import JaxoffError
+from ..aio._pageio import fsync_dir
 
 FORMAT = "jaxoff.checkpoint-checksums/1"
 CHECKSUMS = "checksums.json"
@@ -52,11 +53,7 @@ def write_checksums(out_dir: Path, step_dir: Path, extra: list[Path]) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(step_dir / CHECKSUMS)
-    fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)  # the rename is what makes the step count as saved
-    finally:
-        os.close(fd)
+    fsync_dir(str(step_dir))  # the rename is what makes the step count as saved
 
 
 def has_checksums(step_dir: Path) -> bool:

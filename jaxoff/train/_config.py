@@ -155,10 +155,12 @@ class TrainConfig:
             batch_size=self.batch_size,
         )
         if self.store_dir() is not None:
-            if not 1 <= self.chunk_mib <= 1024:
+            from ..aio._layout import MAX_CHUNK_BYTES  # the page store's own bound
+
+            if not 1 <= self.chunk_mib <= MAX_CHUNK_BYTES >> 20:
                 raise ConfigError(
-                    f"--chunk-mib must be from 1 to 1024 (MiB per chunk of the paged optimizer "
-                    f"state), got {self.chunk_mib}"
+                    f"--chunk-mib must be from 1 to {MAX_CHUNK_BYTES >> 20} (MiB per chunk of the "
+                    f"paged optimizer state), got {self.chunk_mib}"
                 )
             if self.store_slots not in (1, 2):
                 raise ConfigError(

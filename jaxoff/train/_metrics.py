@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .._errors import JaxoffError
+from .._output import is_terminal
 
 GIB = 2**30
 
@@ -84,7 +85,7 @@ def trim_metrics(path: Path, last_step: int) -> None:
 def progress_display(total: int, start: int, enabled: bool):
     """The rich bar where stderr is a terminal; plain lines every few steps where it is not
     (a log file, ``tee``, a batch job); nothing when disabled."""
-    if enabled and not sys.stderr.isatty():
+    if enabled and not is_terminal(sys.stderr):
         return PlainProgress(total, start)
     return ProgressBar(total, start, enabled)
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .._errors import ConfigError, JaxoffError
-from ._checkpoint import check_resumable, complete_steps, step_dirs
+from ._checkpoint import check_resumable, complete_steps, remove_step, step_dirs
 from ._checksums import CheckpointDamagedError, verify_checksums, write_checksums
 from ._config import RESUMABLE_CHANGES, TrainConfig
 
@@ -28,15 +28,16 @@ def prepare_out_dir(cfg: TrainConfig) -> int | None:
     if cfg.resume:
         check_resumable(out, cfg.to_json(), RESUMABLE_CHANGES)
         _adopt_unchecksummed(out)
+        complete = complete_steps(ckpt_dir)
         for s in step_dirs(ckpt_dir):
-            if s not in complete_steps(ckpt_dir):  # a save cut short: it never counted
-                if s > max(complete_steps(ckpt_dir), default=0):
+            if s not in complete:  # a save cut short: it never counted
+                if s > max(complete, default=0):
                     say(
                         f"checkpoint {s} in {ckpt_dir} was not finished (the run stopped while "
                         f"saving it); removed it"
                     )
-                _remove_step(out, s)
-        if not complete_steps(ckpt_dir):
+                remove_step(out, s)
+        if not complete:
             say(
                 f"no checkpoint in {ckpt_dir} yet (the run stopped before its first); "
                 f"starting from step 0"
@@ -90,7 +91,7 @@ def pick_step(cfg: TrainConfig) -> int:
             return step
         except CheckpointDamagedError as e:
             reject(cfg, step, e)
-            _remove_step(out, step)
+            remove_step(out, step)
     raise JaxoffError(
         f"--resume: no intact checkpoint left in {ckpt_dir}; start again with --overwrite"
     )
@@ -106,11 +107,6 @@ def reject(cfg: TrainConfig, step: int, error: Exception) -> None:
             f"--resume-fallback to continue from the newest intact checkpoint instead"
         ) from None
     say(f"checkpoint {step} is damaged ({error}); removed it, falling back to the one before")
-
-
-def _remove_step(out: Path, step: int) -> None:
-    shutil.rmtree(out / "checkpoints" / str(step), ignore_errors=True)
-    shutil.rmtree(out / "checkpoints_paged" / str(step), ignore_errors=True)
 
 
 def heal_store(cfg: TrainConfig, step: int | None) -> None:
