@@ -10,17 +10,14 @@ through a real ``python -m jaxoff.cli`` process as well.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _limits import HANG_S
 
 from jaxoff.cli import COMMANDS, main
-
-# a bound that only catches a hung child process, never a slow one
-HANG_S = 900 * float(os.environ.get("JAXOFF_TEST_TIMEOUT_SCALE", "1"))
 
 # A case whose fix lands with the train/store changes (the --chunk-mib range checked before
 # anything is written): marked until then.

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _limits import HANG_S
 
 from jaxoff._faults import POINTS
 from jaxoff.train import read_metrics
@@ -48,8 +49,6 @@ ARGS = [
     "--ckpt-every", "2", "--keep-checkpoints", "2", "--no-progress", "--chunk-mib", "1",
 ]  # fmt: skip
 FALLBACK = "--resume-fallback"
-# bounds a child only to catch a hang; never reached by a slow machine
-TIMEOUT_S = 900 * float(os.environ.get("JAXOFF_TEST_TIMEOUT_SCALE", "1"))
 
 
 def _env(cache: Path | None, fault: str | None = None) -> dict:
@@ -95,11 +94,11 @@ class Jaxoff:
                 cmd,
                 capture_output=True,
                 text=True,
-                timeout=TIMEOUT_S,
+                timeout=HANG_S,
                 env=_env(None if rlimit else self.cache, fault),
             )
         except subprocess.TimeoutExpired as e:
-            pytest.fail(f"jaxoff train hung (no exit in {TIMEOUT_S:.0f} s): {e.cmd}")
+            pytest.fail(f"jaxoff train hung (no exit in {HANG_S:.0f} s): {e.cmd}")
 
     def start(self, run: Path, *extra: str, steps=STEPS) -> subprocess.Popen:
         return subprocess.Popen(
@@ -253,7 +252,7 @@ def test_sigkill_at_a_random_time_then_resume_is_bitwise(jaxoff, baseline, tmp_p
         child.wait(timeout=delay)
     except subprocess.TimeoutExpired:
         child.send_signal(signal.SIGKILL)
-    child.communicate(timeout=TIMEOUT_S)
+    child.communicate(timeout=HANG_S)
     # killed before the run directory existed: there is nothing to resume, start it
     resume = ("--resume",) if (run / "config.json").exists() else ()
     _ok(jaxoff.train(run, *opts, *resume))
@@ -445,7 +444,7 @@ def test_second_process_on_a_live_run_or_its_store_is_refused(jaxoff, tmp_path):
     run, store = tmp_path / "run", tmp_path / "store"
     live = jaxoff.start(run, "--store", str(store), "--ckpt-every", "50", steps=10**6)
     try:
-        deadline = time.monotonic() + TIMEOUT_S
+        deadline = time.monotonic() + HANG_S
         while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
             assert live.poll() is None, live.communicate()[1]
             assert time.monotonic() < deadline, "the first run never logged a step"
@@ -471,7 +470,7 @@ def test_second_process_on_a_live_run_or_its_store_is_refused(jaxoff, tmp_path):
         assert len(read_metrics(run / "metrics.jsonl")) >= lines  # still training, log intact
     finally:
         live.send_signal(signal.SIGKILL)
-        live.communicate(timeout=TIMEOUT_S)
+        live.communicate(timeout=HANG_S)
     # the killed run resumes (its checkpoint or, before one, from the start)
     latest = (
         _latest(run)
