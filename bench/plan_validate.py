@@ -1,4 +1,4 @@
-"""Validates the planner on this machine (CPU, scanned GPT).
+"""Validates the planner on this machine (CPU, scanned GPT or Llama, float32 and bfloat16).
 
 1. **Memory**: predicted device temporaries vs ``compiled.memory_analysis()`` over a grid
    of models, batch shapes and plans (the MILP's plan at a few budgets, presets, random
@@ -9,34 +9,42 @@
 
     python bench/plan_validate.py                       # default grid (~5-10 min here)
     python bench/plan_validate.py --models tiny --quick # a minute
+    python bench/plan_validate.py --models tiny,llama-tiny --shapes 3x37 --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import random
+import sys
 import time
 
-from jaxoff.models.gpt import CONFIGS, RESIDUAL_NAMES
+from jaxoff.nn import load_model
 from jaxoff.plan import Plan, evaluate, profile, solve
-from jaxoff.plan._config import COMPARED_PRESETS, preset_plan
+from jaxoff.plan._config import compared_presets, preset_plan
 from jaxoff.plan._hardware import calibrate
 from jaxoff.plan._profile import measured_temp_bytes
 
 
-def memory_grid(models, shapes, seed, hw, out):
+def _model(name: str, dtype: str):
+    return dataclasses.replace(load_model(name), dtype=dtype, param_dtype=dtype)
+
+
+def memory_grid(models, shapes, dtypes, seed, hw, out):
     rows = []
     rng = random.Random(seed)
-    for model in models:
-        cfg = CONFIGS[model]
+    for model, dtype in itertools.product(models, dtypes):
+        cfg = _model(model, dtype)
+        RESIDUAL_NAMES = cfg.residual_names  # noqa: N806
         for batch, seq in shapes:
             seq = min(seq, cfg.max_seq_len)
             t0 = time.perf_counter()
             prof = profile(cfg, batch, seq, model=model)
             t_prof = time.perf_counter() - t0
-            plans = {p: preset_plan(prof, p) for p in COMPARED_PRESETS}
+            plans = {p: preset_plan(prof, p) for p in compared_presets()}
             plans["all-device"] = Plan.from_actions(prof, dict.fromkeys(RESIDUAL_NAMES, "device"))
             for i in range(2):
                 acts = {n: rng.choice(["device", "offload", "remat"]) for n in RESIDUAL_NAMES}
@@ -59,6 +67,7 @@ def memory_grid(models, shapes, seed, hw, out):
                 meas = measured_temp_bytes(prof, cfg, dict(plan.actions))
                 r = dict(
                     model=model,
+                    dtype=dtype,
                     batch=batch,
                     seq=seq,
                     plan=name,
@@ -69,25 +78,28 @@ def memory_grid(models, shapes, seed, hw, out):
                 )
                 rows.append(r)
                 print(
-                    f"{model:6s} b{batch:<3d} s{seq:<5d} {name:14s} predicted "
+                    f"{model:10s} {dtype:8s} b{batch:<3d} s{seq:<5d} {name:14s} predicted "
                     f"{pred / 2**20:9.2f} MiB measured {meas / 2**20:9.2f} MiB "
                     f"error {100 * r['error']:+6.2f}%",
                     flush=True,
                 )
                 out.write(json.dumps(r) + "\n")
-    worst = max(abs(r["error"]) for r in rows)
-    print(
-        f"memory: {len(rows)} (model, shape, plan) cases, worst |error| {100 * worst:.2f}%, "
-        f"within 5%: {sum(abs(r['error']) < 0.05 for r in rows)}/{len(rows)}"
-    )
+    for dtype in dtypes:
+        sub = [r for r in rows if r["dtype"] == dtype]
+        worst = max(abs(r["error"]) for r in sub)
+        print(
+            f"memory {dtype}: {len(sub)} (model, shape, plan) cases, worst |error| "
+            f"{100 * worst:.2f}%, within 5%: {sum(abs(r['error']) <= 0.05 for r in sub)}/{len(sub)}"
+        )
     return rows
 
 
 def speed_under_budget(model, batch, seq, frac, steps, hw, out):
     from jaxoff.compare._measure import measure_policy
 
-    cfg = CONFIGS[model]
+    cfg = load_model(model)
     prof = profile(cfg, batch, seq, model=model)
+    RESIDUAL_NAMES = cfg.residual_names  # noqa: N806
     top = evaluate(
         prof,
         hw,
@@ -101,7 +113,7 @@ def speed_under_budget(model, batch, seq, frac, steps, hw, out):
     spec = ",".join(f"{n}={a}" for n, a in plan.actions)
     candidates = {
         "milp": spec,
-        **{p: p for p in ("none", *COMPARED_PRESETS, "sqrt", "dots_saveable")},
+        **{p: p for p in ("none", *compared_presets(), "sqrt", "dots_saveable")},
     }
     results = {}
     for label, s in candidates.items():
@@ -148,6 +160,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,mini,small")
     ap.add_argument("--shapes", default="2x64,8x128", help="BATCHxSEQ,...")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="compute dtypes, comma-separated")
     ap.add_argument("--speed-model", default="mini")
     ap.add_argument("--speed-shape", default="8x256")
     ap.add_argument(
@@ -159,6 +172,11 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one shape, no speed test")
     ap.add_argument("--out", default="runs/plan_validate.jsonl")
+    ap.add_argument(
+        "--json",
+        default="bench/results/plan_validate.json",
+        help="summary: the command, every memory case and the worst error per dtype",
+    )
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     if a.quick:
@@ -171,11 +189,25 @@ def main():
     import pathlib
 
     pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    speed = None
     with open(a.out, "w") as out:
-        memory_grid(a.models.split(","), shapes, 0, hw, out)
+        rows = memory_grid(a.models.split(","), shapes, a.dtypes.split(","), 0, hw, out)
         if not a.quick:
             b, s = (int(x) for x in a.speed_shape.split("x"))
-            speed_under_budget(a.speed_model, b, s, a.budget_frac, a.steps, hw, out)
+            speed = speed_under_budget(a.speed_model, b, s, a.budget_frac, a.steps, hw, out)
+    worst = {}
+    for r in rows:
+        key = f"{r['dtype']}"
+        worst[key] = max(worst.get(key, 0.0), abs(r["error"]))
+    summary = dict(
+        command="python bench/plan_validate.py " + " ".join(sys.argv[1:]),
+        worst_abs_error=worst,
+        within_5_percent=f"{sum(abs(r['error']) <= 0.05 for r in rows)}/{len(rows)}",
+        memory=rows,
+        speed=speed,
+    )
+    pathlib.Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(a.json).write_text(json.dumps(summary, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -110,6 +110,33 @@ def test_flops_correction_matches_unrolled_count():
         assert once < 0.6 * exact  # the uncorrected figure is far off: the test can fail
 
 
+def test_segment_flops_match_unrolled_count():
+    """Chen segments are not alike per layer (the last is not recomputed): step_flops probes
+    one recomputed segment (k + 1 and 2k + 1 layers) and must equal the fully unrolled count,
+    here segments of 2, 2, 1."""
+    cfg = with_stack(model_config("tiny", "full"), remat_every=2)
+    exact = _flops(compile_step(with_stack(cfg, scan_unroll=cfg.num_layers), B, T)[0])
+    corrected = step_flops(cfg, B, T)
+    assert abs(corrected - exact) <= 1e-3 * exact, (corrected, exact)
+    # tiny is far too shallow for segments to pay: sqrt resolves to per-block remat, as full
+    sqrt = model_config("tiny", "sqrt")
+    assert sqrt.stack.remat_every == "auto"
+    assert step_flops(sqrt, B, T) == step_flops(model_config("tiny", "full"), B, T)
+
+
+def test_compare_reports_the_segment_size_that_runs():
+    from jaxoff.compare._measure import measure_policy
+
+    row = measure_policy("tiny", "sqrt", B, T, steps=1, warmup=0)
+    assert row["remat_every"] == 1  # "auto" resolved at this shape: per-block remat
+    seg = row["segments"]
+    assert seg["size"] == 1 and seg["pays_from_layers"] > CONFIGS["tiny"].num_layers
+    assert seg["modelled_bytes"] == seg["modelled_bytes_per_block_remat"]
+    from jaxoff.compare._report import COLUMNS
+
+    assert COLUMNS["segments"][1](seg) == f"{seg['pays_from_layers']} layers"
+
+
 def test_plot_legend_covers_no_point_and_labels_stay_inside_the_axes():
     """The legend sits outside the axes, and every label (the top-right ``none`` of the docs'
     figure included) lies inside them: nothing covered, nothing clipped."""

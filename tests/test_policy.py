@@ -19,7 +19,6 @@ from jaxoff.policy import (
     get_policy,
     load_policy_file,
     resolve_policy,
-    sqrt_segment,
 )
 
 cp = jax.checkpoint_policies
@@ -39,7 +38,9 @@ def test_presets_translate_to_jax_policies():
     assert resolve_policy("sqrt") is cp.nothing_saveable
     assert resolve_policy("everything_saveable") is cp.everything_saveable  # JAX names still work
     sel = PRESETS["selective"].policy
-    assert set(sel.names_with(Action.REMAT)) == {"attn_logits", "attn_probs", "attn_context"}
+    assert set(sel.names_with(Action.REMAT)) == {"attn_logits", "attn_probs"}  # keeps context
+    core = PRESETS["attention_core"].policy
+    assert set(core.names_with(Action.REMAT)) == {"attn_logits", "attn_probs", "attn_context"}
     assert PRESETS["offload_all"].policy.offloaded() == RESIDUAL_NAMES
     assert set(PRESETS["offload_dots"].policy.offloaded()) == {
         "attn_q",
@@ -150,11 +151,21 @@ def test_policy_is_complete_and_frozen():
         PRESETS["full"].policy.remat = False  # type: ignore[misc]
 
 
-def test_sqrt_segments():
-    assert sqrt_segment(12) == 3 and sqrt_segment(16) == 4 and sqrt_segment(24) == 4
-    assert sqrt_segment(5) == 2  # prime: round(sqrt), shorter last segment
+def test_sqrt_segments(tmp_path):
+    """sqrt sizes its segments when the stack is traced (tests/test_sqrt.py); a policy that
+    keeps or offloads a name cannot have segments, which keep only their inputs."""
     cfg = apply_policy(CONFIGS["small"], "sqrt")
-    assert cfg.stack.remat_every == 3 and cfg.stack.policy is cp.nothing_saveable
+    assert cfg.stack.remat_every == "auto" and cfg.stack.policy is cp.nothing_saveable
     assert apply_policy(cfg, "selective").stack.remat_every == 1  # resets the segments
     assert apply_policy(cfg, "everything_saveable").stack.remat_every == 1
     assert PRESETS["sqrt"].policy.segments is Segments.SQRT
+    assert PRESETS["sqrt"].policy.segment_size() == "auto"
+    assert PRESETS["full"].policy.segment_size() == 1
+    with pytest.raises(
+        ConfigError, match="segments = 'sqrt' .* cannot also keep or offload mlp_act"
+    ):
+        Policy.parse("sqrt,mlp_act=offload")
+    f = tmp_path / "kept.toml"
+    f.write_text('segments = "sqrt"\nuntagged = "dots_saveable"\n"*" = "remat"\n')
+    with pytest.raises(ConfigError, match="untagged values .dots_saveable.*segments = 'layer'"):
+        load_policy_file(f)

@@ -39,6 +39,28 @@ def _flops(compiled) -> float:
     return float(cost.get("flops", 0.0))
 
 
+def segment_plan(model_cfg, batch: int, seq: int):
+    """The ``jaxoff.nn.SegmentPlan`` a ``remat_every="auto"`` stack resolves to at this
+    batch and sequence (traced, nothing compiled), or ``None`` for any other stack."""
+    from ..nn import AUTO, recorded_segments
+    from ..step import abstract_state, make_loss_fn
+
+    if model_cfg.stack.remat_every != AUTO or model_cfg.stack.policy is None:
+        return None
+    graphdef, state = abstract_state(model_cfg, optimizer())
+    tok = _tokens(batch, seq)
+    with recorded_segments() as plans:
+        jax.eval_shape(make_loss_fn(graphdef), state.params, tok, tok)
+    return plans[0]
+
+
+def _probe_flops(model_cfg, layers: int, batch: int, seq: int, **stack) -> float:
+    """XLA's FLOPs of the step at ``layers`` layers, every loop unrolled."""
+    stack = dataclasses.replace(model_cfg.stack, scan_unroll=layers, **stack)
+    probe = dataclasses.replace(model_cfg, num_layers=layers, stack=stack)
+    return _flops(compile_step(probe, batch, seq)[0])
+
+
 def step_flops(model_cfg, batch: int, seq: int) -> float:
     """FLOPs of one train step, corrected for XLA counting a loop body once.
 
@@ -48,21 +70,27 @@ def step_flops(model_cfg, batch: int, seq: int) -> float:
     ``F1 = outside + per_layer`` and ``F2 = outside + 2 per_layer``. Everything the
     step does per layer (forward, recompute, backward, optimizer update of that
     layer's parameters) is the same for every layer, so the step at L layers costs
-    ``F1 + (L - 1) (F2 - F1)``. ``remat_every`` is capped at the probe's layer count, so
-    a sqrt policy is probed as segments of 1 and 2 blocks (each block recomputed once
-    in backward, as at any segment size).
+    ``F1 + (L - 1) (F2 - F1)``.
+
+    Chen segments of ``k`` blocks (``remat_every`` ``k > 1``, or ``"auto"`` resolved at this
+    batch and sequence) are not the same for every layer: the last segment is not
+    recomputed. The segment size is probed as it runs: the step at ``k + 1`` layers
+    (segments ``k, 1``) and at ``2k + 1`` (``k, k, 1``), unrolled, differ by one recomputed
+    segment, which costs its blocks' plain share (none's per-layer figure) plus its
+    recomputation. The step is none's plus that recomputation per recomputed segment.
     """
-    probes = []
-    for layers in (1, 2):
-        stack = dataclasses.replace(
-            model_cfg.stack,
-            scan_unroll=layers,
-            remat_every=min(model_cfg.stack.remat_every, layers),
-        )
-        probe = dataclasses.replace(model_cfg, num_layers=layers, stack=stack)
-        probes.append(_flops(compile_step(probe, batch, seq)[0]))
-    f1, f2 = probes
-    return f1 + (model_cfg.num_layers - 1) * (f2 - f1)
+    plan = segment_plan(model_cfg, batch, seq)
+    size = plan.size if plan is not None else model_cfg.stack.remat_every
+    if size == 1:
+        f1, f2 = (_probe_flops(model_cfg, n, batch, seq, remat_every=1) for n in (1, 2))
+        return f1 + (model_cfg.num_layers - 1) * (f2 - f1)
+    n1, n2 = (_probe_flops(model_cfg, n, batch, seq, policy=None, remat_every=1) for n in (1, 2))
+    s1, s2 = (
+        _probe_flops(model_cfg, n, batch, seq, remat_every=size) for n in (size + 1, 2 * size + 1)
+    )
+    recompute = (s2 - s1) - size * (n2 - n1)
+    segments = (model_cfg.num_layers - 1) // size  # all but the last
+    return n1 + (model_cfg.num_layers - 1) * (n2 - n1) + segments * recompute
 
 
 def host_bytes(jaxpr) -> int:
@@ -117,6 +145,7 @@ def measure_policy(
 
     cfg = model_config(model, spec)
     check_placement(placement, cfg, policy=spec)
+    plan = segment_plan(cfg, batch, seq)
     t0 = time.perf_counter()
     compiled, _, abstract = compile_step(cfg, batch, seq, placement)
     cfg = streamed_model(cfg, placement)
@@ -147,7 +176,9 @@ def measure_policy(
     return {
         "policy": spec,
         "placement": placement,
-        "remat_every": cfg.stack.remat_every,
+        # the segment size that runs ("auto" resolved at this batch and sequence)
+        "remat_every": plan.size if plan is not None else cfg.stack.remat_every,
+        **({"segments": _plan_dict(plan)} if plan is not None else {}),
         "device_state_bytes": state_kinds.get("device", 0),
         "host_state_bytes": sum(b for k, b in state_kinds.items() if k != "device"),
         "temp_bytes": int(mem.temp_size_in_bytes),
@@ -158,6 +189,20 @@ def measure_policy(
         "compile_s": compile_s,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "loss": float(metrics["loss"]),
+    }
+
+
+def _plan_dict(plan) -> dict:
+    """A segment plan's figures (bytes modelled at the chosen size and at per-block remat)."""
+    return {
+        "size": plan.size,
+        "lengths": list(plan.lengths),
+        "boundary_bytes": plan.boundary_bytes,
+        "interior_bytes": plan.interior_bytes,
+        "modelled_bytes": plan.memory(),
+        "modelled_bytes_per_block_remat": plan.memory(1),
+        "recomputed_layers": plan.recomputed_layers,
+        "pays_from_layers": plan.pays_from(),
     }
 
 

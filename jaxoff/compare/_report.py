@@ -16,6 +16,7 @@ COLUMNS: dict[str, tuple[str, object]] = {
     "placement": ("placement", lambda p: p or "device"),
     "device_state_bytes": ("state on device MiB", lambda b: f"{(b or 0) / MiB:,.1f}"),
     "remat_every": ("remat unit", lambda k: "block" if k == 1 else f"{k} blocks"),
+    "segments": ("segments pay from", lambda s: f"{s['pays_from_layers']} layers" if s else ""),
     "temp_bytes": ("temp MiB", lambda b: f"{b / MiB:,.1f}"),
     "host_bytes": ("host MiB/step", lambda b: f"{b / MiB:,.1f}" if b else "0"),
     "recompute_overhead": ("recompute", lambda r: f"{r:+.1%}"),

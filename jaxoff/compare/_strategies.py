@@ -85,6 +85,14 @@ def traced_flops(jaxpr) -> float:
     return jaxpr_flops(jaxpr)
 
 
+def _segment_size(model_cfg, batch: int, seq: int):
+    """The stack's ``remat_every``, ``"auto"`` resolved at this batch and sequence."""
+    from ._measure import segment_plan
+
+    plan = segment_plan(model_cfg, batch, seq)
+    return plan.size if plan is not None else model_cfg.stack.remat_every
+
+
 def baseline_flops(model_cfg, batch: int, seq: int) -> float:
     """:func:`traced_flops` of the plain step (no remat, all on device, AdamW)."""
     from ..step import abstract_state, make_train_step
@@ -210,7 +218,7 @@ def measure_strategy(
             disk_bytes=_dir_bytes(store),
             link_bytes=to_host + to_device,
             flops=traced_flops(jaxpr),
-            remat_every=prep.model_config.stack.remat_every,
+            remat_every=_segment_size(prep.model_config, batch, seq),
         )
         if check_export:
             row["export"] = export_check(recipe, model, batch, seq)

@@ -15,9 +15,15 @@ from ._protocol import load_model as load_model
 from ._protocol import model_name as model_name
 from ._protocol import sizes as sizes
 from ._protocol import with_stack as with_stack
+from ._segments import AUTO as AUTO
+from ._segments import SegmentPlan as SegmentPlan
+from ._segments import chen_blocks as chen_blocks
+from ._segments import plan_segments as plan_segments
+from ._segments import recorded_segments as recorded_segments
 from ._stack import PolicySpec as PolicySpec
 from ._stack import Stack as Stack
 from ._stack import num_layers_of as num_layers_of
+from ._stack import recomputes_everything as recomputes_everything
 from ._stack import resolve_jax_policy as resolve_jax_policy
 from ._stack import run_stack as run_stack
 from ._stack import scan_blocks as scan_blocks
@@ -26,15 +32,21 @@ from ._stack import stacked as stacked
 from ._stack import stream_blocks as stream_blocks
 
 __all__ = [
+    "AUTO",
     "BLOCKS",
     "LayeredModel",
     "PolicySpec",
+    "SegmentPlan",
     "Stack",
     "check_model",
+    "chen_blocks",
     "count_params",
     "load_model",
     "model_name",
     "num_layers_of",
+    "plan_segments",
+    "recomputes_everything",
+    "recorded_segments",
     "resolve_jax_policy",
     "run_stack",
     "scan_blocks",

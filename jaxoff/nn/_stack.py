@@ -1,21 +1,23 @@
 """The layer-stack primitive: stacked blocks run under a remat policy, in segments, split in
 two policies, or streamed a window of layers ahead.
 
-This is the one place jaxoff's layer-level execution lives. A model builds its blocks stacked on
-a leading layer axis (:func:`stacked`) and runs them with :func:`run_stack` (or
-:meth:`Stack.__call__`); *how* they run is a :class:`Stack`, which jaxoff's commands set and
-models only carry.
+This module (with ``_segments``, Chen et al.'s segments) is the one place jaxoff's layer-level
+execution lives. A model builds its blocks stacked on a leading layer axis (:func:`stacked`)
+and runs them with :func:`run_stack` (or :meth:`Stack.__call__`); *how* they run is a
+:class:`Stack`, which jaxoff's commands set and models only carry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from ._segments import AUTO, chen_blocks, plan_segments, record
 
 PolicySpec = str | Callable[..., Any] | None
 """A JAX checkpoint policy: ``None`` (no remat), a ``jax.checkpoint_policies`` attribute name,
@@ -29,6 +31,11 @@ def resolve_jax_policy(policy: PolicySpec):
     return getattr(jax.checkpoint_policies, policy)
 
 
+def recomputes_everything(policy: PolicySpec) -> bool:
+    """Whether ``policy`` is ``nothing_saveable`` (by name or the callable itself)."""
+    return resolve_jax_policy(policy) is jax.checkpoint_policies.nothing_saveable
+
+
 @dataclasses.dataclass(frozen=True)
 class Stack:
     """How a stack of layers runs: the execution knobs, kept out of the model's own config.
@@ -38,11 +45,15 @@ class Stack:
             ``jax.checkpoint_policies`` attribute, or a policy callable.
         scan_unroll: ``unroll`` of the layer scan (1 keeps one compiled block).
         remat_every: layers per remat segment. ``1`` puts each block under
-            ``nnx.remat(policy)``. ``k > 1`` groups the layers into segments of ``k`` (the
-            last one shorter when ``k`` does not divide the depth): a scan over segments
-            whose body, one segment, is under remat with ``policy`` and runs its ``k`` blocks
-            with no remat of their own, so only segment boundaries are kept between forward
-            and backward (Chen et al. 2016).
+            ``nnx.remat(policy)``. ``k > 1`` runs Chen et al.'s (2016) segments of ``k`` blocks
+            (the last one shorter when ``k`` does not divide the depth; see
+            :func:`chen_blocks`): only segment inputs are kept between forward and backward,
+            and backward runs each segment's forward once more, keeping everything inside it,
+            before back-propagating through it. ``"auto"`` chooses ``k`` when the stack is
+            traced, from the block's bytes at the traced shapes (:class:`SegmentPlan`); ``k``
+            may come out ``1`` (then the stack runs exactly as ``remat_every=1``). Segments
+            recompute everything inside them, so ``k != 1`` needs ``policy`` to be
+            ``nothing_saveable``.
         stream_window: ``0`` runs the blocks' parameters where they are. ``w >= 1`` streams
             them: the stacked parameters stay where the caller put them (typically host
             memory) and each layer's slice is copied to ``stream_to`` ``w`` layers ahead of the
@@ -64,15 +75,19 @@ class Stack:
 
     policy: PolicySpec = None
     scan_unroll: int = 1
-    remat_every: int = 1
+    remat_every: int | Literal["auto"] = 1
     stream_window: int = 0
     stream_to: Any = None
     split_layers: int = 0
     split_policy: PolicySpec = None
 
     def __post_init__(self):
-        if self.scan_unroll < 1 or self.remat_every < 1:
-            raise ValueError(f"scan_unroll and remat_every must be at least 1, got {self}")
+        if self.remat_every != AUTO and (
+            not isinstance(self.remat_every, int) or self.remat_every < 1
+        ):
+            raise ValueError(f"remat_every must be at least 1 or 'auto', got {self}")
+        if self.scan_unroll < 1:
+            raise ValueError(f"scan_unroll must be at least 1, got {self}")
         if self.stream_window < 0:
             raise ValueError(f"stream_window must be 0 (off) or at least 1, got {self}")
         if self.split_layers < 0:
@@ -94,6 +109,13 @@ class Stack:
                 raise ValueError(
                     f"{field}={value!r} is not an attribute of jax.checkpoint_policies"
                 )
+        if self.remat_every != 1 and not recomputes_everything(self.policy):
+            raise ValueError(
+                f"remat_every={self.remat_every!r} runs Chen segments, which keep only segment "
+                f"inputs and recompute everything inside a segment, but policy={self.policy!r} "
+                f"{'is no remat' if self.policy is None else 'keeps or offloads residuals'}: "
+                f"set policy='nothing_saveable', or remat_every=1 to remat block by block"
+            )
 
     def check_depth(self, num_layers: int) -> None:
         """Raises ``ValueError`` when the knobs do not fit a stack of ``num_layers``."""
@@ -174,49 +196,31 @@ def scan_blocks(
     *,
     policy: PolicySpec,
     unroll: int = 1,
-    remat_every: int = 1,
+    remat_every: int | Literal["auto"] = 1,
 ) -> jax.Array:
     """Runs stacked ``blocks`` over ``x``; the remat unit is one block or one segment.
 
     ``remat_every == 1``: ``nnx.scan`` over blocks, the body under ``nnx.remat(policy)``.
-    ``remat_every == k > 1``: a scan over segments of ``k`` blocks (the stacked parameters
-    reshaped to ``[L // k, k, ...]``, the ``L % k`` remaining blocks one last, shorter
-    segment); the segment runs its blocks with an inner scan and is itself under
-    ``jax.checkpoint(policy)``. Both scans use ``unroll``.
+    ``remat_every == k > 1``: Chen et al.'s segments of ``k`` blocks (:func:`chen_blocks`).
+    ``remat_every == "auto"``: ``k`` from :func:`plan_segments` at the traced shapes, and
+    the per-block path when it comes out ``1``. Every loop uses ``unroll``.
     """
-    if remat_every == 1:
+    if remat_every == AUTO:
+        remat_every = record(plan_segments(blocks, x)).size
+    if remat_every != 1 and policy is not None:
+        return chen_blocks(blocks, x, size=remat_every, unroll=unroll)
 
-        def body(block: nnx.Module, h: jax.Array) -> jax.Array:
-            return block(h)
-
-        if policy is not None:
-            body = nnx.remat(body, policy=resolve_jax_policy(policy))
-
-        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry, unroll=unroll)
-        def run(block: nnx.Module, h: jax.Array) -> jax.Array:
-            return body(block, h)
-
-        return run(blocks, x)
-
-    graphdef, state = nnx.split(blocks)
-    num_layers = jax.tree.leaves(state)[0].shape[0]
-    k = min(remat_every, num_layers)
-    groups, rest = divmod(num_layers, k)
-
-    def segment(seg_state, h: jax.Array) -> jax.Array:
-        def layer(h, layer_state):
-            return nnx.merge(graphdef, layer_state)(h), None
-
-        n = jax.tree.leaves(seg_state)[0].shape[0]
-        return jax.lax.scan(layer, h, seg_state, unroll=min(unroll, n))[0]
+    def body(block: nnx.Module, h: jax.Array) -> jax.Array:
+        return block(h)
 
     if policy is not None:
-        segment = jax.checkpoint(segment, policy=resolve_jax_policy(policy))
-    head = jax.tree.map(lambda a: a[: groups * k].reshape(groups, k, *a.shape[1:]), state)
-    h = jax.lax.scan(lambda h, s: (segment(s, h), None), x, head, unroll=min(unroll, groups))[0]
-    if rest:
-        h = segment(jax.tree.map(lambda a: a[groups * k :], state), h)
-    return h
+        body = nnx.remat(body, policy=resolve_jax_policy(policy))
+
+    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry, unroll=unroll)
+    def run(block: nnx.Module, h: jax.Array) -> jax.Array:
+        return body(block, h)
+
+    return run(blocks, x)
 
 
 def stream_blocks(blocks: nnx.Module, x: jax.Array, *, window: int, to: Any = None) -> jax.Array:

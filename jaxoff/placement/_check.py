@@ -37,8 +37,8 @@ def check_placement(
         stack = model_cfg.stack
         if stack.remat_every != 1:
             raise ConfigError(
-                f"layer streaming fetches one block per loop step, but the policy groups "
-                f"{stack.remat_every} blocks per remat segment (remat_every); use "
+                f"layer streaming fetches one block per loop step, but the policy runs "
+                f"segments of several blocks (remat_every={stack.remat_every!r}); use "
                 f"--policy full with a host_params_stream<N> placement"
             )
         if stack.scan_unroll != 1:

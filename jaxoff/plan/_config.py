@@ -13,8 +13,32 @@ from ..nn import check_model, load_model
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
-# Presets whose policies the cost model can price (names-based, one remat unit per layer).
-COMPARED_PRESETS = ("full", "selective", "offload_dots", "offload_all")
+
+def compared_presets() -> tuple[str, ...]:
+    """The policy presets the cost model can price: remat per layer, driven by residual
+    names alone (``none`` runs no remat; ``dots_*`` keep untagged matmul outputs and
+    ``sqrt`` remats segments of layers, which the per-name model does not express).
+
+    Example:
+        >>> from jaxoff.plan._config import compared_presets
+        >>> "full" in compared_presets() and "sqrt" not in compared_presets()
+        True
+    """
+    from ..policy import PRESETS
+    from ..policy._policy import Segments, Untagged
+
+    return tuple(
+        name
+        for name, p in PRESETS.items()
+        if p.remat and p.segments is Segments.LAYER and p.untagged is Untagged.RECOMPUTE
+    )
+
+
+def __getattr__(name: str):
+    # ``COMPARED_PRESETS`` follows the registry (evaluated on use, not frozen at import)
+    if name == "COMPARED_PRESETS":
+        return compared_presets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +146,7 @@ def make_plan(cfg: PlanConfig, console=None):
     pred = evaluate(prof, hw, plan, cpu_lowering=cpu_lowering)
     gplan, gpred = greedy(prof, hw, cpu_lowering=cpu_lowering)
     others = [("greedy baseline", gplan, gpred)]
-    for name in COMPARED_PRESETS:
+    for name in compared_presets():
         p = preset_plan(prof, name)
         e = evaluate(prof, hw, p, cpu_lowering=cpu_lowering)
         others.append((f"preset {name}" + ("" if fits(e, hw) else " (does not fit)"), p, e))

@@ -11,7 +11,8 @@ Model, per step (``L`` layers; per-name figures are per layer):
   host (``offload``) or **recomputed** (``remat``, ``flops`` each layer);
 * device temporaries = workspace (+ ``recompute_workspace`` x one layer's recomputed
   bytes) + stacked kept residuals (+ offloaded ones when the backend keeps them on
-  device anyway, ``cpu_lowering``);
+  device anyway, ``cpu_lowering``, where 16-bit ones also take ``kept_widening`` times
+  their bytes);
 * parameters ``device | host | nvme``: off device they stream one layer ahead over the
   host link (read in forward and backward, gradients back), which is hidden behind
   compute when the link is fast enough; ``nvme`` also reads them from and writes them to
@@ -150,7 +151,9 @@ def evaluate(prof: Profile, hw: Hardware, plan: Plan, *, cpu_lowering: bool = Fa
     """Bytes per tier and step time of ``plan`` (the reference cost model).
 
     ``cpu_lowering``: offloaded residuals stay in device temporaries (XLA's CPU backend
-    drops the host placement), as on our validation machine.
+    drops the host placement), as on our validation machine, and kept residuals take
+    ``kept_widening`` times their traced bytes (the CPU backend widens 16-bit ones to
+    float32 for the backward pass).
     """
     needed, recomputed = needed_and_recomputed(prof, plan)
     res_dev, res_host = residual_split(prof, plan)
@@ -159,10 +162,15 @@ def evaluate(prof: Profile, hw: Hardware, plan: Plan, *, cpu_lowering: bool = Fa
     work = prof.workspace_bytes + prof.recompute_workspace * sum(
         prof.name(n).bytes for n in recomputed
     )
-    temp = work + res_dev + (res_host if cpu_lowering else 0)
+    if cpu_lowering:  # offloaded residuals stay on device; 16-bit ones are widened
+        free = res_dev + res_host - prof.fixed_residual_bytes
+        on_device = res_dev + res_host + (prof.kept_widening - 1.0) * free
+    else:
+        on_device = res_dev
+    temp = work + on_device
     if plan.params != "device":
         temp += 2 * prof.layer_param_bytes - prof.grad_bytes
-    device = work + res_dev + (res_host if cpu_lowering else 0) + home["dev"]
+    device = work + on_device + home["dev"]
     host = (0 if cpu_lowering else res_host) + home["host"]
     if hw.shared_memory:  # device and host are one pool (CPU): count it all on device
         device, host = device + host, 0

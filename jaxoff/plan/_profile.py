@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +76,7 @@ class Profile:
     layer_param_bytes: int  # one block's parameters (a streaming buffer)
     input_bytes: int
     recompute_workspace: float = 0.0  # extra workspace per byte of one layer's recomputed names
+    kept_widening: float = 1.0  # calibrating backend's device bytes per traced byte kept
 
     def name(self, n: str) -> NameProfile:
         return {p.name: p for p in self.names}[n]
@@ -253,30 +255,101 @@ def profile(
 
 def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
     """Sets the workspace from two compiles of the scanned step (all kept, all
-    recomputed): ``temp_size - stacked residuals``. Between the two, the workspace grows
-    with the bytes of one layer's recomputed names (they are live in that layer's
-    backward): ``recompute_workspace`` is that slope (clamped at 0)."""
+    recomputed).
+
+    * ``kept_widening``: XLA's CPU backend computes bfloat16 and float16 in float32 and
+      hoists the upcast of each stacked residual out of the backward loop, so during the
+      backward pass a kept 16-bit residual occupies its float32 size. The factor is read
+      from the all-kept program (:func:`widened_residual_bytes`), not assumed: 1 where
+      nothing is widened (float32, or a backend that computes in 16 bits).
+    * ``workspace_bytes``: the all-kept ``temp_size`` less its (widened) residuals.
+    * ``recompute_workspace``: the all-recomputed ``temp_size`` less its residuals and
+      the workspace, per byte of one layer's recomputed names (they are live in that
+      layer's backward). It may be negative: a backend whose kept residuals cost more
+      than their traced bytes may need less workspace when it recomputes them.
+    """
     from ..step import compile_step
     from ._cost import Plan, needed_and_recomputed, residual_split
 
-    found = []
     RESIDUAL_NAMES = tuple(model_cfg.residual_names)  # noqa: N806
+    found = {}
     for action in ("device", "remat"):
         actions = dict.fromkeys(RESIDUAL_NAMES, action)
         compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
-        temp = int(compiled.memory_analysis().temp_size_in_bytes)
-        dev, host = residual_split(prof, Plan.from_actions(prof, actions))
-        found.append(temp - dev - host)
-    everything = Plan.from_actions(prof, dict.fromkeys(RESIDUAL_NAMES, "remat"))
-    _, recomputed = needed_and_recomputed(prof, everything)
-    per_layer = sum(prof.name(n).bytes for n in recomputed)
-    alpha = max(0.0, (found[1] - found[0]) / per_layer) if per_layer else 0.0
+        plan = Plan.from_actions(prof, actions)
+        dev, host = residual_split(prof, plan)
+        needed, recomputed = needed_and_recomputed(prof, plan)
+        found[action] = dict(
+            temp=int(compiled.memory_analysis().temp_size_in_bytes),
+            residuals=dev + host,
+            free=dev + host - prof.fixed_residual_bytes,  # what a plan can change
+            stacked=prof.num_layers * sum(prof.name(n).bytes for n in needed),
+            recomputed=sum(prof.name(n).bytes for n in recomputed),
+            widened=widened_residual_bytes(compiled.as_text(), prof.num_layers)
+            if action == "device"
+            else 0,
+        )
+    kept, remat = found["device"], found["remat"]
+    widening = 1.0 + kept["widened"] / kept["stacked"] if kept["stacked"] else 1.0
+    work = kept["temp"] - kept["residuals"] - (widening - 1.0) * kept["free"]
+    extra = remat["temp"] - remat["residuals"] - work
+    alpha = extra / remat["recomputed"] if remat["recomputed"] else 0.0
     return dataclasses.replace(
         prof,
-        workspace_bytes=found[0],
-        workspace_range=(found[0], found[1]),
+        workspace_bytes=int(round(work)),
+        workspace_range=(kept["temp"] - kept["residuals"], remat["temp"] - remat["residuals"]),
         recompute_workspace=alpha,
+        kept_widening=widening,
     )
+
+
+_FLOAT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+# one HLO instruction: %name = dtype[dims]{layout} opcode(operands), attributes
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w-]+)\((.*?)\)")
+
+
+def widened_residual_bytes(hlo_text: str, num_layers: int) -> int:
+    r"""Bytes the compiled program adds by widening stacked activations: in its entry
+    computation, every single-operand instruction whose result has the operand's shape
+    (``[num_layers, ...]``, at least 3 dimensions: a layer axis plus batch and sequence)
+    in a wider float type, its operand not a parameter of the step (those are the
+    parameters, widened whatever the plan). Counts ``result - operand`` bytes: the
+    narrow stack is dead once widened.
+
+    Example:
+        >>> widened_residual_bytes(
+        ...     "ENTRY %m (p: bf16[2]) -> f32[] {\n"
+        ...     "  %g = bf16[4,2,8]{2,1,0} get-tuple-element(%w), index=1\n"
+        ...     "  %c = f32[4,2,8]{2,1,0} fusion(%g), kind=kLoop\n}", 4)
+        128
+    """
+    start = re.search(r"^ENTRY", hlo_text, re.MULTILINE)
+    entry = hlo_text[start.start() :] if start else ""
+    defs = {}
+    extra = 0
+    for line in entry.splitlines()[1:]:
+        if line.startswith("}"):
+            break
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name, dtype, dims, op, operands = m.groups()
+        dims = tuple(int(d) for d in dims.split(",") if d)
+        defs[name] = (dtype, dims, op)
+        args = re.findall(r"%([\w.-]+)", operands)
+        if len(args) != 1 or args[0] not in defs or dtype not in _FLOAT_BYTES:
+            continue
+        in_dtype, in_dims, in_op = defs[args[0]]
+        if (
+            in_dims == dims
+            and len(dims) >= 3
+            and dims[0] == num_layers
+            and in_op != "parameter"
+            and in_dtype in _FLOAT_BYTES
+            and _FLOAT_BYTES[dtype] > _FLOAT_BYTES[in_dtype]
+        ):
+            extra += math.prod(dims) * (_FLOAT_BYTES[dtype] - _FLOAT_BYTES[in_dtype])
+    return extra
 
 
 def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> int:

@@ -71,13 +71,14 @@ def _exprs(prof: Profile, hw: Hardware, mdl: _Model, cpu_lowering: bool):
 
     time_c, dev_c, host_c, disk_c, link_c, disks_c = vec(), vec(), vec(), vec(), vec(), vec()
     compute0 = prof.base_flops / hw.flops
+    widening = prof.kept_widening if cpu_lowering else 1.0
     for n in mdl.names:
         b = L * by[n].bytes / GIB
         time_c[ix[("z", n)]] = L * by[n].flops / hw.flops
         dev_c[ix[("z", n)]] = prof.recompute_workspace * by[n].bytes / GIB
-        dev_c[ix[("w", n)]] = b
+        dev_c[ix[("w", n)]] = widening * b
         if cpu_lowering:
-            dev_c[ix[("v", n)]] = b
+            dev_c[ix[("v", n)]] = widening * b
         else:
             host_c[ix[("v", n)]] = b
         link_c[ix[("v", n)]] = 2 * b * GIB / hw.link  # seconds

@@ -10,7 +10,6 @@ from ._policy import Policy as Policy
 from ._policy import Segments as Segments
 from ._policy import Untagged as Untagged
 from ._policy import default_names as default_names
-from ._policy import sqrt_segment as sqrt_segment
 from ._policy import to_jax_policy as to_jax_policy
 from ._presets import ATTENTION_CORE as ATTENTION_CORE
 from ._presets import PRESETS as PRESETS
@@ -39,6 +38,5 @@ __all__ = [
     "load_policy_file",
     "preset",
     "resolve_policy",
-    "sqrt_segment",
     "to_jax_policy",
 ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -39,7 +38,9 @@ class Untagged(enum.Enum):
 
 
 class Segments(enum.Enum):
-    """The unit of remat: one block, or ~sqrt(num_layers) blocks (Chen et al. 2016)."""
+    """The unit of remat: one block, or Chen et al.'s (2016) segments of blocks, sized when
+    the stack is traced from the block's bytes (``jaxoff.nn.SegmentPlan``: ~sqrt(L) blocks
+    when a block's interior is the size of its input, fewer when it is larger)."""
 
     LAYER = "layer"
     SQRT = "sqrt"
@@ -89,7 +90,8 @@ class Policy:
         actions: ``(name, Action)`` for every residual name, in the model's order.
         untagged: what happens to intermediates without a name.
         remat: ``False`` means no remat at all (``actions`` is then ignored).
-        segments: remat each block, or segments of ~sqrt(L) blocks.
+        segments: remat each block, or Chen segments (which keep only segment inputs, so
+            every name is recomputed and ``untagged`` is ``recompute``).
 
     Example:
         >>> from jaxoff.policy import Policy
@@ -117,6 +119,16 @@ class Policy:
         bad = [n for n, a in self.actions if not isinstance(n, str) or not isinstance(a, Action)]
         if bad:
             raise ConfigError(f"policy actions must be (name, jaxoff.policy.Action) pairs: {bad}")
+        kept = [n for n, a in self.actions if a is not Action.REMAT]
+        segmented = self.remat and self.segments is Segments.SQRT
+        if segmented and (kept or self.untagged is not Untagged.RECOMPUTE):
+            raise ConfigError(
+                f"segments = 'sqrt' keeps only each segment's input and recomputes everything "
+                f"inside it, so it cannot also keep or offload "
+                f"{', '.join(kept) if kept else f'untagged values ({self.untagged.value})'}: "
+                f"drop those (every name remat, untagged = 'recompute'), or use "
+                f"segments = 'layer' to keep them"
+            )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -270,9 +282,10 @@ class Policy:
         """The ``jax.checkpoint_policies`` policy of this Policy (``None``: no remat)."""
         return to_jax_policy(self)
 
-    def segment_size(self, num_layers: int) -> int:
-        """Blocks per remat segment for a model of ``num_layers`` layers."""
-        return sqrt_segment(num_layers) if self.segments is Segments.SQRT else 1
+    def segment_size(self) -> int | str:
+        """``jaxoff.nn.Stack.remat_every`` of this policy: ``1`` (per-block remat, or no
+        remat), or ``"auto"`` for Chen segments sized when the stack is traced."""
+        return "auto" if self.remat and self.segments is Segments.SQRT else 1
 
     def describe(self) -> str:
         """Compact spelling that :meth:`parse` reads back (segments/untagged aside)."""
@@ -320,20 +333,6 @@ def _names_then(names: Callable, base: Callable) -> Callable:
         return out if out is not pe.Recompute else base(prim, *args, **params)
 
     return policy
-
-
-def sqrt_segment(num_layers: int) -> int:
-    """Blocks per segment for Chen et al.'s sqrt(L) checkpointing.
-
-    The divisor of ``num_layers`` nearest sqrt(L) (other than 1 and L), so the stacked
-    parameters reshape without a copy; a prime L uses round(sqrt(L)) and a shorter
-    last segment.
-    """
-    root = math.sqrt(num_layers)
-    divisors = [d for d in range(2, num_layers) if num_layers % d == 0]
-    if divisors:
-        return min(divisors, key=lambda d: (abs(d - root), -d))
-    return max(1, round(root))
 
 
 def _action(value: str | Action, name: str) -> Action:

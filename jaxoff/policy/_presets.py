@@ -20,6 +20,10 @@ from ._policy import Action, Policy, Segments, Untagged, as_names
 ATTENTION_CORE: tuple[str, ...] = ("attn_logits", "attn_probs", "attn_context")
 """Names of the attention core: scores, softmax and context (cheap to recompute, large)."""
 
+ATTENTION_SCORES: tuple[str, ...] = ("attn_logits", "attn_probs")
+"""The attention core's ``[B, H, T, T]`` tensors: the scores and the softmax. They are the
+activation memory that grows with the square of the sequence length."""
+
 PROJECTIONS: tuple[str, ...] = (
     "attn_q",
     "attn_k",
@@ -119,10 +123,21 @@ PRESETS: Mapping[str, Preset] = {
     ),
     "selective": Preset(
         rest=_KEEP,
-        groups=((ATTENTION_CORE, _REMAT),),
-        doc="recompute the attention core (scores, softmax, context), keep the rest",
+        groups=((ATTENTION_SCORES, _REMAT),),
+        doc="recompute the attention scores and softmax, keep the rest (the attention "
+        "context included)",
         source="Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large "
-        "Transformer Models' (Megatron-LM selective activation recomputation)",
+        "Transformer Models', Sec. 4.2 (Megatron-LM selective activation recomputation: "
+        "the core attention is recomputed from the kept q, k, v; its output, the context, "
+        "is kept)",
+    ),
+    "attention_core": Preset(
+        rest=_KEEP,
+        groups=((ATTENTION_CORE, _REMAT),),
+        doc="recompute the attention core (scores, softmax, context), keep the rest: "
+        "selective less one [B, T, D] tensor per layer, for one more batched matmul",
+        source="jaxoff: Megatron-LM's selective recomputation, the attention context "
+        "recomputed too (jaxoff's 'selective' before it kept the context)",
     ),
     "offload_all": Preset(
         rest=_OFFLOAD,
@@ -139,7 +154,9 @@ PRESETS: Mapping[str, Preset] = {
     "sqrt": Preset(
         rest=_REMAT,
         segments=Segments.SQRT,
-        doc="keep only every ~sqrt(L)-th layer boundary; recompute a segment in backward",
+        doc="keep only every k-th layer boundary, k from the block's traced bytes (k = 1, "
+        "per-block like full, until depth makes segments pay); recompute each segment's "
+        "forward once in backward",
         source="Chen et al. 2016, 'Training Deep Nets with Sublinear Memory Cost'",
     ),
 }

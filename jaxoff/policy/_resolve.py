@@ -60,8 +60,8 @@ def resolve_policy(spec: Spec, names: Sequence[str] | None = None):
     """What a :class:`jaxoff.nn.Stack`'s ``policy`` takes: ``None`` (no remat) or a JAX policy.
 
     Accepts everything :func:`get_policy` does (over ``names``, default the GPT's), plus the
-    argument-free ``jax.checkpoint_policies`` names. A ``sqrt`` policy resolves to its segment
-    policy; use :func:`apply_policy` to also set the segment size.
+    argument-free ``jax.checkpoint_policies`` names. A ``sqrt`` policy resolves to
+    ``nothing_saveable``; use :func:`apply_policy` to also set its segments.
 
     Example:
         >>> from jaxoff.policy import resolve_policy
@@ -79,7 +79,9 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
 
     A model that tags no names takes the policies that do not act through names: ``none``,
     ``full``, ``sqrt``, ``dots_saveable`` and the other argument-free
-    ``jax.checkpoint_policies`` names.
+    ``jax.checkpoint_policies`` names. ``sqrt`` sets ``remat_every="auto"``: the segment size
+    is chosen when the stack is traced, from the block's bytes at the traced batch and
+    sequence (``jaxoff.nn.SegmentPlan``); ``jaxoff.nn.recorded_segments`` tells which.
 
     Raises:
         ConfigError: ``model_cfg`` is not a model config; ``spec`` names a residual the model
@@ -90,7 +92,7 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
         >>> from jaxoff.policy import apply_policy
         >>> from jaxoff.models.gpt import CONFIGS
         >>> apply_policy(CONFIGS["small"], "sqrt").stack.remat_every
-        3
+        'auto'
     """
     from ..nn import check_model, model_name, with_stack
 
@@ -105,9 +107,7 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
     except ConfigError as e:
         raise ConfigError(f"model {model_name(model_cfg)!r}: {e}") from None
     try:
-        return with_stack(
-            model_cfg, policy=policy.to_jax(), remat_every=policy.segment_size(model_cfg.num_layers)
-        )
+        return with_stack(model_cfg, policy=policy.to_jax(), remat_every=policy.segment_size())
     except ValueError as e:  # the stack's own checks (e.g. segments with streaming)
         raise ConfigError(f"policy {spec!r} on model {model_name(model_cfg)!r}: {e}") from None
 
@@ -133,8 +133,8 @@ def load_policy_file(path: str | Path, names: Sequence[str] | None = None) -> Po
     """Reads a policy from TOML: a ``[policy]`` table (or the top level) of
     ``name = "action"`` entries (``"*"`` for the rest) and optionally ``preset`` (the
     base), ``untagged`` (recompute | dots_saveable | dots_with_no_batch_dims_saveable),
-    ``segments`` (layer | sqrt). The policy is over ``names`` (the model's residual names;
-    default: the GPT's).
+    ``segments`` (layer | sqrt; sqrt recomputes every name). The policy is over ``names``
+    (the model's residual names; default: the GPT's).
 
     Example file::
 

@@ -1,8 +1,11 @@
 """The research systems as named strategies: each a few lines composing jaxoff's parts.
 
-Every docstring says what the strategy keeps from its paper and what differs under XLA's
-static compilation (one compiled program per step: no runtime decisions, one plan for
-every scanned layer, transfers scheduled by XLA).
+Every docstring says what the strategy keeps from its paper and what the paper does that
+jaxoff does not: decisions taken at run time (eviction, adaptive windows, measured first
+iterations), searches over a schedule, activation swapping to SSD, kernels of its own. Under
+XLA's static compilation there is one compiled program per step, one plan for every scanned
+layer, and transfers are scheduled by XLA. On a CPU, XLA drops host placements of
+activations: offloaded residuals stay in device memory there (see ``docs/policies.md``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ def vdnn(ctx: Context) -> Recipe:
     backward needs them. Differs: vDNN issues its copies and prefetches at layer
     boundaries at run time; here ``offload_all`` marks each named residual for
     ``pinned_host`` and XLA's host-offload passes and scheduler place the copies and the
-    prefetches in the compiled program. Intermediates without a name are recomputed.
+    prefetches in the compiled program. Intermediates without a name are recomputed, not
+    offloaded. Not done: vDNN_dyn, which profiles at run time to choose which layers to
+    offload and each layer's convolution algorithm; vDNN_conv's per-layer-type choice.
     """
     return Recipe(policy="offload_all")
 
@@ -39,8 +44,10 @@ def te_offload(ctx: Context) -> Recipe:
     Keeps: TE's per-layer switch (offload N layers; the last layers, whose backward comes
     first, stay on device). N: the fewest layers whose offload fits ``device_mem`` by the
     planner's profile, else half the layers. Differs: TE hooks tensors as PyTorch saves
-    them; here the layer scan is split in two scans (``jaxoff.nn.Stack.split_layers``) with
-    ``offload_all`` on the first and no remat on the second.
+    them and overlaps each layer's copies with the next layer's compute on its own stream;
+    here the layer scan is split in two scans (``jaxoff.nn.Stack.split_layers``) with
+    ``offload_all`` on the first and no remat on the second, and XLA schedules the copies.
+    Not done: TE's offload of the layers' weights.
     """
     L = ctx.model_config.num_layers
     n = max(1, L // 2)
@@ -66,11 +73,21 @@ def te_offload(ctx: Context) -> Recipe:
     paper="Chen et al. 2016, 'Training Deep Nets with Sublinear Memory Cost' (arXiv:1604.06174)",
 )
 def chen_sqrt(ctx: Context) -> Recipe:
-    """Keep every ~sqrt(L)-th layer boundary; recompute a segment in backward.
+    """Keep every k-th layer boundary; recompute each segment's forward once in backward.
 
-    Keeps: O(sqrt L) activation memory with one extra forward. Differs: segments are
-    equal (the divisor of L nearest sqrt L) rather than chosen per layer size, as XLA
-    scans a reshaped stack of segments (``jaxoff.nn.Stack.remat_every``).
+    Keeps: Chen et al.'s segments: only the boundaries between segments of k layers are kept,
+    a segment's forward is recomputed once in backward, so activation memory is
+    ``ceil(L / k)`` boundaries plus one segment's interior, and the cost one extra forward.
+    k minimises ``ceil(L / k) * boundary_bytes + k * interior_bytes``, per-block bytes
+    traced from the model (about ``sqrt(L * boundary_bytes / interior_bytes)``: sqrt L only
+    when a block's interior is the size of a boundary; k = 1, a segment per block as under
+    ``full``, when the interior outweighs the boundaries it would save, as on the GPT's
+    blocks at small depths); the last segment may be shorter. Differs: one k for
+    every segment, as XLA scans a reshaped stack of equal segments
+    (``jaxoff.nn.Stack.remat_every``), where the paper's planner places each boundary by
+    the layers' own sizes under a memory budget it searches; not done: the paper's
+    recursive variant (O(log L) memory for O(L log L) recomputation) and its in-place
+    memory sharing inside a segment.
     """
     return Recipe(policy="sqrt")
 
@@ -81,10 +98,16 @@ def chen_sqrt(ctx: Context) -> Recipe:
     "Models' (MLSys 2023)",
 )
 def megatron_selective(ctx: Context) -> Recipe:
-    """Recompute the attention core (scores, softmax, context), keep the rest.
+    """Recompute the attention scores and softmax, keep the rest (the context included).
 
-    Keeps: selective recomputation of the tensors that are large and cheap to recompute.
-    Differs: no sequence parallelism (one device); JAX recomputes from the kept q, k, v.
+    Keeps: selective recomputation (Sec. 4.2): the ``[B, H, T, T]`` tensors, large and
+    cheap to recompute, are dropped and recomputed from the kept q and k; the core
+    attention's output, the context, is kept. The per-layer bytes are Korthikanti et al.'s
+    accounting less the dropout masks (``tests/test_activation_bytes.py``). Differs: the
+    models have no dropout; Megatron re-runs the whole core attention in backward (a
+    checkpointed function), JAX recomputes only what backward reads (not probs x V, whose
+    output is kept). Not done: tensor and sequence parallelism, which divide the kept
+    bytes by the parallel size in the paper (one device here).
     """
     return Recipe(policy="selective")
 
@@ -99,10 +122,13 @@ def checkmate(ctx: Context) -> Recipe:
     """Optimal keep-or-recompute per residual under the device budget (MILP).
 
     Keeps: an integer program over which tensors to keep or recompute, minimising compute
-    time subject to the memory budget, no offload. Differs: Checkmate schedules every
-    operation of the graph; here the decision is per residual *name* and the same for every
-    scanned layer (XLA compiles the block once), over the planner's cost model
-    (``jaxoff.plan.solve(actions=("device", "remat"))``, parameters and states on device).
+    time subject to the memory budget, no offload. Differs: Checkmate's MILP searches a
+    whole schedule, when each operation of the graph is computed and recomputed and when
+    each value is freed, with memory accounted at every stage; here the decision is per
+    residual *name*, the same for every scanned layer (XLA compiles the block once), the
+    values without a name are recomputed, and XLA orders the operations. Costs come from
+    the planner's profile (``jaxoff.plan.solve(actions=("device", "remat"))``, parameters
+    and states on device), not from per-operation profiling on the target.
     """
     return Recipe(policy=policy_spelling(checkmate_actions(ctx)), note="MILP, remat only")
 
@@ -117,9 +143,10 @@ def dtr_greedy(ctx: Context) -> Recipe:
 
     Keeps: the heuristic h(t) = cost(t) / (memory(t) x staleness(t)) with the evicted
     neighbourhood in the cost, evicting the lowest score until the budget holds. Differs:
-    DTR evicts dynamically, at run time, when an allocation fails; that is not expressible
-    in XLA, whose memory plan is fixed at compile time. We run the heuristic once over the
-    profile and compile its result as a remat policy.
+    DTR evicts dynamically, at run time, when an allocation fails, any tensor at any
+    moment, and recomputes evicted tensors on demand; that is not expressible in XLA, whose
+    memory plan is fixed at compile time. The heuristic runs once over the profile, on
+    residual names (one choice for every layer), and its result compiles as a remat policy.
     """
     return Recipe(policy=policy_spelling(dtr_actions(ctx)), note="static DTR heuristic")
 
@@ -136,8 +163,10 @@ def capuchin(ctx: Context) -> Recipe:
     Keeps: the per-tensor choice between swapping and recomputing by their cost (transfer
     time not overlapped vs recompute time), largest tensors first, until the budget holds;
     this is the hybrid STR and DELTA also make. Differs: Capuchin measures tensor accesses
-    in a first iteration and decides at run time; here the profile's bytes and FLOPs and
-    the hardware preset's link speed decide once, before compiling.
+    in a first iteration, decides and times each swap-in at run time and revises the plan
+    when the measured timing changes; here the profile's bytes and FLOPs and the hardware
+    preset's link speed decide once, before compiling, per residual name, and XLA places
+    the copies.
     """
     return Recipe(policy=policy_spelling(capuchin_actions(ctx)), note="swap if hidden")
 
@@ -152,8 +181,10 @@ def zero_offload(ctx: Context) -> Recipe:
 
     Keeps: parameters and activations on the device, gradients down to host, the Adam
     update on the host (no optimizer state crosses the link), new parameters back up.
-    Differs: no delayed parameter update and no fused CPU Adam kernel: the update is XLA's
-    own code under ``compute_on("device_host")`` (``host_opt`` placement).
+    Differs: the update is XLA's own code under ``compute_on("device_host")`` (``host_opt``
+    placement), not DeepSpeed's vectorised CPU Adam, and it starts after the whole backward
+    pass, where ZeRO-Offload moves gradients and overlaps the transfers with backward. Not
+    done: the one-step delayed parameter update; partitioning across data-parallel ranks.
     """
     return Recipe(policy="none", placement="host_opt")
 
@@ -170,9 +201,12 @@ def zero_infinity(ctx: Context) -> Recipe:
     Keeps: the three homes (NVMe for states, host for parameters, device for one layer),
     the chunked NVMe update (``jaxoff.paged``), block-level checkpointing. Differs:
     parameters stream one layer ahead (``host_params_stream1``) rather than by ZeRO-3
-    partition hooks; the activation checkpoints (block inputs, the scan carry) stay on the
-    device, as a names-based policy cannot offload the carry; the paged update runs on
-    device buffers (on an accelerator ZeRO-Infinity runs it on the CPU).
+    partition hooks; the paged update runs on device buffers (on an accelerator
+    ZeRO-Infinity runs it on the CPU) after the backward pass. Not done: activation
+    checkpoints swapped to host memory (here the block inputs, the scan carry, stay on the
+    device: a names-based policy cannot offload the carry); parameters on NVMe;
+    memory-centric tiling of large operators; bandwidth-centric partitioning across
+    data-parallel ranks.
     """
     return Recipe(policy="full", placement="host_params_stream1", store=True)
 
@@ -187,7 +221,8 @@ def l2l(ctx: Context) -> Recipe:
 
     Keeps: one layer's parameters on device, the next fetched while it computes, the
     optimizer state and update on the host ("eager parameter server"). Differs: the
-    update runs after the whole backward pass, not layer by layer as gradients arrive.
+    update runs after the whole backward pass, not layer by layer as gradients arrive;
+    blocks are recomputed in backward (``full``); XLA schedules the fetches.
     """
     return Recipe(policy="full", placement="host_params_stream1")
 
@@ -202,8 +237,9 @@ def stronghold(ctx: Context) -> Recipe:
 
     Keeps: a window of layers prefetched ahead, sized to fit: the largest window whose
     parameters fit ``device_mem`` by the planner's profile (default 2). Differs: the window
-    is fixed at compile time (STRONGHOLD adapts it at run time) and the update runs after
-    the backward pass on the host.
+    is fixed at compile time (STRONGHOLD adapts it at run time) and the update runs on the
+    host after the backward pass, where STRONGHOLD's CPU optimizer updates the offloaded
+    layers concurrently with the GPU's backward.
     """
     window = 2
     if ctx.device_mem is not None:
@@ -223,12 +259,20 @@ def stronghold(ctx: Context) -> Recipe:
     "Fine-tuning on a Single GPU' (Fuyou)",
 )
 def fuyou(ctx: Context) -> Recipe:
-    """NVMe-paged optimizer update overlapped with the backward pass, layer by layer.
+    """NVMe-paged optimizer update inside the backward layer scan, layer by layer.
 
     Keeps: each layer's optimizer update, with its state paged from NVMe, runs inside the
-    backward layer scan as soon as that layer's gradients exist. The step comes from
-    ``jaxoff.strategies._fuyou`` (``make_fuyou_step``, ``fuyou_init``); gradient clipping
-    is refused there (it needs every gradient before any update).
+    backward layer scan as soon as that layer's gradients exist; only one layer's gradients
+    exist at a time. Differs: the update does not overlap the backward pass. Layer j's new
+    parameters are written into the stacked buffer that layer j - 1's slice is read from,
+    so layer j's reads and update finish before layer j - 1's backward starts; only the
+    write-behind writes proceed during it (measured 1.316 times the sequential paged step,
+    ``bench/fuyou.py``, docs/strategies.md). The update runs in the compiled program, not on
+    the host CPU beside a GPU's backward. Not done: Fuyou's activation swapping to SSD
+    (activations stay on the device: each block's input, the block recomputed) and its
+    automatic choice of how much to swap. The step comes from ``jaxoff.strategies._fuyou``
+    (``make_fuyou_step``, ``fuyou_init``); gradient clipping is refused there (it needs
+    every gradient before any update).
     """
     try:
         from . import _fuyou  # noqa: F401

@@ -11,6 +11,15 @@ element is bitwise what the sequential paged update computes) and write-behind w
 proceed while layer ``j - 1`` is differentiated.
 The embeddings, final norm and head are updated after the scan.
 
+What overlaps the backward pass is only those writes. Layer ``j``'s new parameters are written
+into the stacked buffer that layer ``j - 1``'s slice is read from, so layer ``j``'s reads and
+update finish before layer ``j - 1``'s backward starts (``bench/fuyou.py`` measured the step
+at 1.316 times the sequential paged step; see ``docs/strategies.md``). The paper overlaps
+the whole update with backward: its optimizer runs on the host CPU while the GPU computes.
+Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
+choice of how much to swap; activations stay on the device (each block's input, the block
+recomputed in backward).
+
 Store layout: each paged tensor of a stacked block leaf is stored as one entry per layer
 (``<entry>@<layer>``), so that layer ``j``'s chunks are addressed with the dynamic scan index
 (file ids, offsets and crcs are ``[L, ...]`` operands indexed by ``j``). Crash consistency is

@@ -144,7 +144,8 @@ class Strategy:
     Attributes:
         name: the registry key (``jaxoff compare --strategies NAME``).
         build: ``Context -> Recipe``; its docstring says what it keeps from the paper and
-            what differs under XLA's static compilation.
+            what the paper does that it does not (under XLA's static compilation, or not
+            done yet).
         paper: the citation.
         budgeted: the strategy plans under ``Context.device_mem``.
     """
