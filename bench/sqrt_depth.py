@@ -33,7 +33,7 @@ from flax import nnx
 
 from jaxoff.models.gpt import GPTConfig
 from jaxoff.nn import Stack, recorded_segments, with_stack
-from jaxoff.plan._jaxpr import eqn_flops, subjaxprs
+from jaxoff.plan._jaxpr import jaxpr_flops
 from jaxoff.step import make_loss_fn
 
 B, T, D, H = 4, 32, 32, 2
@@ -45,26 +45,12 @@ STACKS = {
 }
 
 
-def flops(jaxpr) -> float:
-    """Traced FLOPs, scans times their trip count; ``optimization_barrier`` (a fusion fence
-    between a segment's blocks) moves no data and costs none."""
-    total = 0.0
-    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        subs = list(subjaxprs(eqn))
-        if subs:
-            trips = eqn.params["length"] if eqn.primitive.name == "scan" else 1
-            total += trips * flops(subs[0])
-        elif eqn.primitive.name != "optimization_barrier":
-            total += eqn_flops(eqn)
-    return total
-
-
 def block_forward_flops() -> float:
     model = nnx.eval_shape(lambda: GPTConfig(1, D, H, 4 * D, max_seq_len=T).build(nnx.Rngs(0)))
     graphdef, state = nnx.split(model.blocks)
     layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state)
     h = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
-    return flops(jax.make_jaxpr(lambda s, h: nnx.merge(graphdef, s)(h))(layer, h))
+    return jaxpr_flops(jax.make_jaxpr(lambda s, h: nnx.merge(graphdef, s)(h))(layer, h))
 
 
 def measure(layers: int, name: str) -> dict:
@@ -81,7 +67,7 @@ def measure(layers: int, name: str) -> dict:
         "layers": layers,
         "policy": name,
         "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
-        "flops": flops(jax.make_jaxpr(grad)(params, tok, tok)),
+        "flops": jaxpr_flops(jax.make_jaxpr(grad)(params, tok, tok)),
         "compile_s": round(compile_s, 2),
     }
     if plans:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _grads import assert_grads_close
 
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.policy import PRESETS, apply_policy
@@ -43,12 +44,7 @@ def test_gradients_equal_no_remat(spec):
     # differently and that propagates through 5 layers. Measured: <= 4e-8 absolute for
     # gradients up to 0.15, i.e. ~3 float32 ulps of the largest. We allow 8 ulps of the
     # largest gradient; a layer out of order or a wrong residual gives differences ~1e-3.
-    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads0))
-    atol = 8 * np.finfo(np.float32).eps * scale
-    for (path, g0), g in zip(
-        jax.tree.leaves_with_path(grads0), jax.tree.leaves(grads), strict=True
-    ):
-        np.testing.assert_allclose(g, g0, rtol=0, atol=atol, err_msg=jax.tree_util.keystr(path))
+    assert_grads_close(grads, grads0)
 
 
 def test_device_temp_memory_ordered():

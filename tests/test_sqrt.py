@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _grads import assert_grads_close
 from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
 from jaxoff.models.gpt import GPTConfig
 from jaxoff.nn import SegmentPlan, Stack, plan_segments, recorded_segments, run_stack
-from jaxoff.plan._jaxpr import eqn_flops, subjaxprs
+from jaxoff.plan._jaxpr import jaxpr_flops
 
 B, T, D, H = 4, 32, 32, 2
 F = 4 * D
@@ -44,24 +45,9 @@ def _stack_loss(layers: int, stack: Stack | None):
     return loss, state, jax.ShapeDtypeStruct((B, T, D), jnp.float32)
 
 
-def _flops(jaxpr) -> float:
-    """FLOPs of a traced program, scans times their trip count (``jaxoff.plan``'s count),
-    ``optimization_barrier`` (a fusion fence between a segment's blocks) free like any op
-    that moves no data."""
-    total = 0.0
-    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        subs = list(subjaxprs(eqn))
-        if subs:
-            trips = eqn.params["length"] if eqn.primitive.name == "scan" else 1
-            total += trips * _flops(subs[0])
-        elif eqn.primitive.name != "optimization_barrier":
-            total += eqn_flops(eqn)
-    return total
-
-
 def _grad_flops(layers: int, stack: Stack | None) -> float:
     loss, state, x = _stack_loss(layers, stack)
-    return _flops(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(state, x))
+    return jaxpr_flops(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(state, x))
 
 
 def _block_forward_flops() -> float:
@@ -69,7 +55,7 @@ def _block_forward_flops() -> float:
     graphdef, state = nnx.split(model.blocks)
     layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state)
     block = jax.make_jaxpr(lambda s, h: nnx.merge(graphdef, s)(h))
-    return _flops(block(layer, jax.ShapeDtypeStruct((B, T, D), jnp.float32)))
+    return jaxpr_flops(block(layer, jax.ShapeDtypeStruct((B, T, D), jnp.float32)))
 
 
 @pytest.mark.parametrize(
@@ -177,12 +163,7 @@ def test_gradients_equal_no_remat(layers, stack):
     grads0, out0 = run(None)
     grads, out = run(stack)
     assert np.asarray(out).tobytes() == np.asarray(out0).tobytes()
-    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads0))
-    atol = 8 * np.finfo(np.float32).eps * scale
-    for (path, g0), g in zip(
-        jax.tree.leaves_with_path(grads0), jax.tree.leaves(grads), strict=True
-    ):
-        np.testing.assert_allclose(g, g0, rtol=0, atol=atol, err_msg=jax.tree_util.keystr(path))
+    assert_grads_close(grads, grads0)
 
 
 @pytest.mark.parametrize("policy", [None, "dots_saveable"])

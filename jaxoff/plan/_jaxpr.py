@@ -36,6 +36,7 @@ _FREE = frozenset(
         "name",
         "stop_gradient",
         "rev",
+        "optimization_barrier",  # a fusion fence (Chen segments): moves no data
     }
 )
 
