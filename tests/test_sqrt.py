@@ -172,3 +172,27 @@ def test_segments_refuse_a_policy_that_is_not_nothing_saveable(policy):
         Stack(policy=policy, remat_every=2)
     with pytest.raises(ValueError, match="at least 1 or 'auto'"):
         Stack(policy="nothing_saveable", remat_every="sqrt")
+
+
+def test_the_shipped_deep_model_runs_sqrt_in_segments_of_two():
+    """``jaxoff compare --model deep --policies full,sqrt`` is where compare shows sqrt beating
+    full (docs/policies.md): at its default batch 8 x 128, apply_policy's "auto" resolves to
+    segments of 2, and a shipped shape such as tiny's stays at 1 (the same program as full)."""
+    from jaxoff.models.gpt import CONFIGS
+    from jaxoff.policy import apply_policy
+
+    def traced_sizes(name: str) -> tuple[int, ...]:
+        cfg = apply_policy(CONFIGS[name], "sqrt")
+        model = nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0)))
+        graphdef, state = nnx.split(model)
+        tokens = jax.ShapeDtypeStruct((8, 128), jnp.int32)
+
+        def loss(state, tokens):
+            return jnp.sum(nnx.merge(graphdef, state)(tokens))
+
+        with recorded_segments() as plans:
+            jax.eval_shape(jax.grad(loss), state, tokens)
+        return tuple(p.size for p in plans)
+
+    assert traced_sizes("deep") == (2,)
+    assert traced_sizes("tiny") == (1,)
