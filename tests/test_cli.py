@@ -217,7 +217,7 @@ def test_plan_report_in_a_log_keeps_every_name_whole(capsys):
     their content: no name is cut to ``preset offlo…``."""
     from jaxoff.models.gpt import CONFIGS
     from jaxoff.plan import evaluate, preset, profile, solve
-    from jaxoff.plan._config import COMPARED_PRESETS, preset_plan
+    from jaxoff.plan._config import compared_presets, preset_plan
     from jaxoff.plan._report import print_plan
 
     prof = profile(CONFIGS["tiny"], 2, 16, model="tiny", calibrate=False)
@@ -229,14 +229,14 @@ def test_plan_report_in_a_log_keeps_every_name_whole(capsys):
             p,
             evaluate(prof, hw, p),
         )
-        for name in COMPARED_PRESETS
+        for name in compared_presets()
         for p in [preset_plan(prof, name)]
     ]
     capsys.readouterr()
     print_plan(prof, hw, plan, evaluate(prof, hw, plan), others)
     out = capsys.readouterr().out
     assert "…" not in out
-    for name in COMPARED_PRESETS:
+    for name in compared_presets():
         assert f"preset {name} (does not fit, a label longer than 80 columns allow)" in out
     assert max(len(line) for line in out.splitlines()) > 80  # full width, not wrapped
 

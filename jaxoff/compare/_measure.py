@@ -54,6 +54,13 @@ def segment_plan(model_cfg, batch: int, seq: int):
     return plans[0]
 
 
+def segment_size(model_cfg, batch: int, seq: int) -> int:
+    """Blocks per remat unit that run: the stack's ``remat_every``, ``"auto"`` resolved at
+    this batch and sequence (:func:`segment_plan`)."""
+    plan = segment_plan(model_cfg, batch, seq)
+    return plan.size if plan is not None else model_cfg.stack.remat_every
+
+
 def _probe_flops(model_cfg, layers: int, batch: int, seq: int, **stack) -> float:
     """XLA's FLOPs of the step at ``layers`` layers, every loop unrolled."""
     stack = dataclasses.replace(model_cfg.stack, scan_unroll=layers, **stack)
@@ -79,8 +86,7 @@ def step_flops(model_cfg, batch: int, seq: int) -> float:
     segment, which costs its blocks' plain share (none's per-layer figure) plus its
     recomputation. The step is none's plus that recomputation per recomputed segment.
     """
-    plan = segment_plan(model_cfg, batch, seq)
-    size = plan.size if plan is not None else model_cfg.stack.remat_every
+    size = segment_size(model_cfg, batch, seq)
     if size == 1:
         f1, f2 = (_probe_flops(model_cfg, n, batch, seq, remat_every=1) for n in (1, 2))
         return f1 + (model_cfg.num_layers - 1) * (f2 - f1)

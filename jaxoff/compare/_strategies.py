@@ -85,14 +85,6 @@ def traced_flops(jaxpr) -> float:
     return jaxpr_flops(jaxpr)
 
 
-def _segment_size(model_cfg, batch: int, seq: int):
-    """The stack's ``remat_every``, ``"auto"`` resolved at this batch and sequence."""
-    from ._measure import segment_plan
-
-    plan = segment_plan(model_cfg, batch, seq)
-    return plan.size if plan is not None else model_cfg.stack.remat_every
-
-
 def baseline_flops(model_cfg, batch: int, seq: int) -> float:
     """:func:`traced_flops` of the plain step (no remat, all on device, AdamW)."""
     from ..step import abstract_state, make_train_step
@@ -184,7 +176,7 @@ def measure_strategy(
     from ..nn import load_model
     from ..placement import abstract_with, bytes_by_kind
     from ..strategies import Recipe, prepare
-    from ._measure import optimizer
+    from ._measure import optimizer, segment_size
 
     recipe = Recipe.from_json(recipe)
     row = {
@@ -218,7 +210,7 @@ def measure_strategy(
             disk_bytes=_dir_bytes(store),
             link_bytes=to_host + to_device,
             flops=traced_flops(jaxpr),
-            remat_every=_segment_size(prep.model_config, batch, seq),
+            remat_every=segment_size(prep.model_config, batch, seq),
         )
         if check_export:
             row["export"] = export_check(recipe, model, batch, seq)

@@ -34,13 +34,6 @@ def compared_presets() -> tuple[str, ...]:
     )
 
 
-def __getattr__(name: str):
-    # ``COMPARED_PRESETS`` follows the registry (evaluated on use, not frozen at import)
-    if name == "COMPARED_PRESETS":
-        return compared_presets()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class PlanConfig:
     """Chooses, per residual and for parameters and optimizer states, where they live.

@@ -285,7 +285,9 @@ class Policy:
     def segment_size(self) -> int | str:
         """``jaxoff.nn.Stack.remat_every`` of this policy: ``1`` (per-block remat, or no
         remat), or ``"auto"`` for Chen segments sized when the stack is traced."""
-        return "auto" if self.remat and self.segments is Segments.SQRT else 1
+        from ..nn._segments import AUTO  # the stack's own spelling (imports flax: on use)
+
+        return AUTO if self.remat and self.segments is Segments.SQRT else 1
 
     def describe(self) -> str:
         """Compact spelling that :meth:`parse` reads back (segments/untagged aside)."""
