@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import crc32c as crc32c_pkg
 import jax
@@ -475,3 +476,35 @@ def test_failed_write_behind_fails_the_flush(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old)
         unregister_file_table(name)
+
+
+def test_table_counts_bytes_busy_time_and_blocked_time(table):
+    """The counters behind ``jaxoff train``'s I/O split: bytes the engine moved, the wall
+    time it had I/O in flight, and the time takes and flushes spent blocked on it."""
+    name, _ = table
+    x = random_array((300_001,), np.float32, 5)  # 1.2 MB: several 256 KiB blocks
+    before = file_table_stats(name)
+
+    @jax.jit
+    def roundtrip(x):
+        crc, tok = page_out(name, 1, encode_offsets(0), x, new_token(), write_behind=True)
+        ticket = page_prefetch(name, 1, encode_offsets(0), crc, tok, shape=x.shape, dtype=x.dtype)
+        y, tok = page_take(name, ticket, tok, shape=x.shape, dtype=x.dtype)
+        return y, page_flush(name, tok)
+
+    t0 = time.perf_counter()
+    y, _ = jax.block_until_ready(roundtrip(x))
+    wall_ns = (time.perf_counter() - t0) * 1e9
+    after = file_table_stats(name)
+    assert np.asarray(y).tobytes() == x.tobytes()
+    assert after["write_bytes"] - before["write_bytes"] == x.nbytes
+    assert after["read_bytes"] - before["read_bytes"] == x.nbytes
+    busy = after["io_busy_ns"] - before["io_busy_ns"]
+    assert 0 < busy <= wall_ns
+    blocked = sum(
+        after[k] - before[k]
+        for k in ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
+    )
+    assert 0 <= blocked <= wall_ns
+    # the prefetch waits for the overlapping write-behind write (read-after-write)
+    assert after["prefetch_wait_ns"] + after["take_wait_ns"] > before["take_wait_ns"]

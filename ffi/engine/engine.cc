@@ -187,7 +187,7 @@ void Engine::Pump() {
       req->next += n;
       ++req->inflight;
       ++in_flight_;
-      ++io_in_flight_;
+      if (io_in_flight_++ == 0) busy_since_ = std::chrono::steady_clock::now();
       if (req->next >= req->size) pending_.pop_front();
       start.push_back(s);
     }
@@ -256,7 +256,12 @@ void Engine::OnBlockDone(BlockOp* op, int err) {
   s->err = err;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    --io_in_flight_;
+    if (--io_in_flight_ == 0) {
+      busy_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::steady_clock::now() - busy_since_)
+                                            .count());
+    }
+    if (err == 0) (op->write ? write_bytes_ : read_bytes_) += s->bytes;
   }
   if (err == 0 && !op->write && (s->staging || s->req->want_crc)) {
     Pump();
@@ -264,6 +269,20 @@ void Engine::OnBlockDone(BlockOp* op, int err) {
     return;
   }
   Finish(s);
+}
+
+EngineStats Engine::Stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  EngineStats st;
+  st.busy_ns = busy_ns_;
+  if (io_in_flight_ > 0) {
+    st.busy_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::steady_clock::now() - busy_since_)
+                                            .count());
+  }
+  st.read_bytes = read_bytes_;
+  st.write_bytes = write_bytes_;
+  return st;
 }
 
 void Engine::Finish(Slot* s) {

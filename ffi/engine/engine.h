@@ -17,6 +17,7 @@
 // the n requested bytes are ever copied to the caller. Without O_DIRECT (or for unaligned
 // offsets, which use a buffered descriptor) exactly n bytes are written.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -61,6 +62,13 @@ struct IoOptions {
   bool crc32c = false;
 };
 
+// Cumulative I/O figures of an engine since it started.
+struct EngineStats {
+  uint64_t busy_ns = 0;      // wall time with at least one block's I/O in flight
+  uint64_t read_bytes = 0;   // bytes read (completed blocks)
+  uint64_t write_bytes = 0;  // bytes written (completed blocks)
+};
+
 class Engine {
  public:
   // Runs on a backend thread once every block of the request finished (or one failed).
@@ -87,6 +95,7 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   const char* backend_name() const { return backend_->name(); }
   size_t pool_buffers() const { return pool_.count(); }
+  EngineStats Stats();
 
  private:
   struct Request;
@@ -122,6 +131,11 @@ class Engine {
   std::vector<Slot*> free_slots_;
   size_t in_flight_ = 0;     // slots in use (I/O or copy)
   size_t io_in_flight_ = 0;  // blocks between start and I/O completion (<= queue_depth)
+  // Busy time: io_in_flight_ > 0 since busy_since_ (when it is), plus closed intervals.
+  std::chrono::steady_clock::time_point busy_since_;
+  uint64_t busy_ns_ = 0;
+  uint64_t read_bytes_ = 0;
+  uint64_t write_bytes_ = 0;
 
   std::mutex work_mu_;
   std::condition_variable work_cv_;

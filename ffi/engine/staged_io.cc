@@ -82,6 +82,9 @@ struct StagedIo::State {
   IoStatus first_error;
   uint64_t reclaimed = 0;
   uint64_t takes = 0, take_wait_ns = 0, take_copy_ns = 0;
+  // Time callers spent blocked on I/O outside takes: prefetch / write-behind waiting for
+  // overlapping requests or staging, flush waiting for write-behind writes.
+  uint64_t prefetch_wait_ns = 0, write_wait_ns = 0, flush_wait_ns = 0;
 
   // A buffer of at least AlignUp(n) bytes, or an empty one when the budget has no room for it.
   // Caller holds mu.
@@ -169,6 +172,7 @@ IoStatus StagedIo::Prefetch(std::shared_ptr<const File> file, uint64_t offset, s
                             bool verify, uint32_t expected_crc, int32_t* ticket) {
   State& st = *state_;
   auto t = std::make_shared<State::Ticket>();
+  const auto w0 = Clock::now();
   {
     std::unique_lock<std::mutex> lk(st.mu);
     // Read-after-write: the bytes must be those of the last write ordered before this call.
@@ -206,6 +210,7 @@ IoStatus StagedIo::Prefetch(std::shared_ptr<const File> file, uint64_t offset, s
     t->verify = verify;
     t->expected = expected_crc;
     t->born = Clock::now();
+    st.prefetch_wait_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t->born - w0).count());
     if (st.next_ticket <= 0) st.next_ticket = 1;  // wrapped: ids stay positive
     *ticket = st.next_ticket++;
     st.tickets[*ticket] = t;
@@ -286,6 +291,7 @@ bool StagedIo::WriteBehind(std::shared_ptr<const File> file, uint64_t offset, co
   State& st = *state_;
   uint64_t seq = 0;
   char* staging = nullptr;
+  const auto w0 = Clock::now();
   {
     std::unique_lock<std::mutex> lk(st.mu);
     if (AlignUp(size == 0 ? 1 : size) > st.budget) return false;
@@ -302,6 +308,7 @@ bool StagedIo::WriteBehind(std::shared_ptr<const File> file, uint64_t offset, co
       const size_t before = st.writes.size();
       st.cv.wait(lk, [&] { return st.writes.size() < before; });
     }
+    st.write_wait_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - w0).count());
     seq = st.next_write++;
     State::Write& w = st.writes[seq];
     w.file = file;
@@ -334,7 +341,9 @@ IoStatus StagedIo::Flush(bool fsync) {
   {
     std::unique_lock<std::mutex> lk(st.mu);
     const uint64_t last = st.next_write - 1;
+    const auto w0 = Clock::now();
     st.cv.wait(lk, [&] { return st.writes.empty() || st.writes.begin()->first > last; });
+    st.flush_wait_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - w0).count());
     result = std::move(st.first_error);
     st.first_error = IoStatus();
     if (fsync) {
@@ -388,6 +397,9 @@ StagedIoStats StagedIo::Stats() const {
   s.takes = st.takes;
   s.take_wait_ns = st.take_wait_ns;
   s.take_copy_ns = st.take_copy_ns;
+  s.prefetch_wait_ns = st.prefetch_wait_ns;
+  s.write_wait_ns = st.write_wait_ns;
+  s.flush_wait_ns = st.flush_wait_ns;
   return s;
 }
 

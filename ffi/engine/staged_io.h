@@ -42,6 +42,10 @@ struct StagedIoStats {
   uint64_t takes = 0;            // successful takes, and the time they spent:
   uint64_t take_wait_ns = 0;     //   waiting for their read (I/O not hidden)
   uint64_t take_copy_ns = 0;     //   copying out of staging
+  // Other time callers spent blocked on I/O (overlapping requests, staging, write-behind):
+  uint64_t prefetch_wait_ns = 0;  //   in prefetches
+  uint64_t write_wait_ns = 0;     //   in write-behind writes
+  uint64_t flush_wait_ns = 0;     //   in flushes (waiting for write-behind writes)
 };
 
 class StagedIo {

@@ -194,6 +194,7 @@ void BindEngine(nb::module_& m) {
         auto t = FindFileTable(name);
         if (!t) return std::nullopt;
         const aio::StagedIoStats s = t->staged->Stats();
+        const aio::EngineStats e = t->engine->Stats();
         return std::map<std::string, uint64_t>{
             {"tickets", s.tickets},
             {"reads_in_flight", s.reads_in_flight},
@@ -204,7 +205,13 @@ void BindEngine(nb::module_& m) {
             {"reclaimed", s.reclaimed},
             {"takes", s.takes},
             {"take_wait_ns", s.take_wait_ns},
-            {"take_copy_ns", s.take_copy_ns}};
+            {"take_copy_ns", s.take_copy_ns},
+            {"prefetch_wait_ns", s.prefetch_wait_ns},
+            {"write_wait_ns", s.write_wait_ns},
+            {"flush_wait_ns", s.flush_wait_ns},
+            {"io_busy_ns", e.busy_ns},
+            {"read_bytes", e.read_bytes},
+            {"write_bytes", e.write_bytes}};
       },
       nb::arg("name"), "Split-phase staging of a table (tickets, writes, bytes), or None.");
   m.def(

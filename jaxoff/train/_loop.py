@@ -148,12 +148,14 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
     records: list[dict] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
     loop_start = time.perf_counter()
+    io_split = IoSplit(tx)
     try:
         with progress_display(cfg.steps, start, cfg.progress) as bar:
             for step in range(start + 1, end + 1):
                 inputs, targets = batches(step - 1)
                 t = time.perf_counter()
                 io0 = disk_io_bytes()
+                split0 = io_split.snapshot()
                 try:
                     state, metrics = step_fn(state, inputs, targets)
                     loss = float(metrics["loss"])  # waits for the step
@@ -174,6 +176,7 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
                     "disk_write_mbps": (io1[1] - io0[1]) / dt / 1e6,
                     "disk_read_gbps": (io1[0] - io0[0]) / dt / 1e9,
                     "disk_write_gbps": (io1[1] - io0[1]) / dt / 1e9,
+                    **io_split.record(split0, dt),
                 }
                 if step == start + 1:
                     record["compile_s"] = compile_s
@@ -219,6 +222,43 @@ def _evaluate(eval_fn, params, val_batches: Batches, cfg: TrainConfig) -> float:
     return float(np.mean(losses))
 
 
+class IoSplit:
+    """A paged step's time split, from the optimizer's file table (engine counters).
+
+    Per step: ``io_s``, the wall time the engine had reads or writes in flight;
+    ``io_wait_s``, the time the step spent blocked on them (takes, prefetches and
+    write-behind writes waiting for staging, the commit's flush); ``compute_s`` =
+    step time - ``io_wait_s``; ``io_hidden`` = 1 - ``io_wait_s`` / ``io_s`` (at least 0),
+    the share of the paging I/O that ran behind compute. Nothing when the optimizer is not
+    paged.
+    """
+
+    _WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
+
+    def __init__(self, tx):
+        from ..aio import file_table_stats
+
+        self._stats = file_table_stats
+        pager = getattr(tx, "pager", None)
+        self._table = getattr(pager, "table", None) if pager is not None else None
+
+    def snapshot(self) -> dict | None:
+        return self._stats(self._table) if self._table else None
+
+    def record(self, before: dict | None, step_s: float) -> dict:
+        after = self.snapshot()
+        if before is None or after is None:  # not paged, or the table was registered now
+            return {}
+        io = (after["io_busy_ns"] - before["io_busy_ns"]) / 1e9
+        wait = sum(after[k] - before[k] for k in self._WAITS) / 1e9
+        return {
+            "io_s": io,
+            "io_wait_s": wait,
+            "compute_s": step_s - wait,
+            "io_hidden": max(0.0, 1.0 - wait / io) if io > 0 else None,
+        }
+
+
 def _bar_stats(record: dict, records: list[dict]) -> dict:
     val = next((r["val_loss"] for r in reversed(records) if "val_loss" in r), None)
     stats = {"loss": f"{record['loss']:.3f}"}
@@ -228,5 +268,7 @@ def _bar_stats(record: dict, records: list[dict]) -> dict:
     if record["disk_read_mbps"] or record["disk_write_mbps"]:
         r, w = record["disk_read_mbps"], record["disk_write_mbps"]
         stats["disk r/w"] = f"{r:,.0f}/{w:,.0f} MB/s"
+    if record.get("io_hidden") is not None:
+        stats["io hidden"] = f"{100 * record['io_hidden']:.0f}%"
     stats["rss"] = f"{record['rss_gib']:.2f} GiB"
     return stats

@@ -1,0 +1,49 @@
+"""The planner's predicted device temporaries against ``compiled.memory_analysis()`` for
+the presets, the MILP's plans and (with ``all``) every plan that keeps one name and
+recomputes the rest, on one held-out shape; writes ``bench/results/plan_probe/SHAPE-DTYPE.json``.
+
+    python bench/plan_probe.py gpt-d48h3-b3s149 float32 all
+    python bench/plan_probe.py llama-d64h4kv2-b2s203 bfloat16
+"""
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from test_plan_heldout import HW, PLANS, _plan  # noqa: E402
+
+from jaxoff.plan import Plan, evaluate, profile  # noqa: E402
+from jaxoff.plan._profile import measured_temp_bytes  # noqa: E402
+from models.gpt import GPTConfig  # noqa: E402
+from models.llama import LlamaConfig  # noqa: E402
+
+SHAPES = {
+    "gpt-d48h3-b3s149": (GPTConfig(6, 48, 3, 192, max_seq_len=160), 3, 149),
+    "llama-d64h4kv2-b2s203": (LlamaConfig(6, 64, 4, 2, 160, max_seq_len=256), 2, 203),
+}
+
+
+def main(shape: str, dtype: str, every_single: bool) -> None:
+    base, b, s = SHAPES[shape]
+    cfg = dataclasses.replace(base, dtype=dtype, param_dtype=dtype)
+    prof = profile(cfg, b, s, model=shape)
+    plans = {p: _plan(prof, cfg, p) for p in PLANS}
+    if every_single:
+        for n in (n.name for n in prof.names if not n.fixed):
+            plans[f"keep:{n}"] = Plan.from_actions(prof, {n: "device"})
+    rows = {}
+    for k, plan in plans.items():
+        pred = evaluate(prof, HW, plan, cpu_lowering=True).device_temp_bytes
+        meas = measured_temp_bytes(prof, cfg, dict(plan.actions))
+        rows[k] = dict(actions=dict(plan.actions), pred=pred, meas=meas)
+        print(f"{shape} {dtype} {k:22s} {pred:10d} {meas:10d} {pred / meas - 1:+.3%}", flush=True)
+    out = pathlib.Path("bench/results/plan_probe") / f"{shape}-{dtype}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(prof=prof.to_json(), rows=rows)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], "all" in sys.argv[3:])
