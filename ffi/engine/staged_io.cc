@@ -18,6 +18,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+uint64_t NanosSince(Clock::time_point t0, Clock::time_point t1 = Clock::now()) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+}
+
 std::string Hex(uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "0x%08x", v);
@@ -210,7 +215,7 @@ IoStatus StagedIo::Prefetch(std::shared_ptr<const File> file, uint64_t offset, s
     t->verify = verify;
     t->expected = expected_crc;
     t->born = Clock::now();
-    st.prefetch_wait_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t->born - w0).count());
+    st.prefetch_wait_ns += NanosSince(w0, t->born);
     if (st.next_ticket <= 0) st.next_ticket = 1;  // wrapped: ids stay positive
     *ticket = st.next_ticket++;
     st.tickets[*ticket] = t;
@@ -308,7 +313,7 @@ bool StagedIo::WriteBehind(std::shared_ptr<const File> file, uint64_t offset, co
       const size_t before = st.writes.size();
       st.cv.wait(lk, [&] { return st.writes.size() < before; });
     }
-    st.write_wait_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - w0).count());
+    st.write_wait_ns += NanosSince(w0);
     seq = st.next_write++;
     State::Write& w = st.writes[seq];
     w.file = file;
@@ -343,7 +348,7 @@ IoStatus StagedIo::Flush(bool fsync) {
     const uint64_t last = st.next_write - 1;
     const auto w0 = Clock::now();
     st.cv.wait(lk, [&] { return st.writes.empty() || st.writes.begin()->first > last; });
-    st.flush_wait_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - w0).count());
+    st.flush_wait_ns += NanosSince(w0);
     result = std::move(st.first_error);
     st.first_error = IoStatus();
     if (fsync) {
