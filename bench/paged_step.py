@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from jaxoff.aio import Engine, EngineConfig, PageStore
+from jaxoff.aio import Engine, PageStore
+from jaxoff.optim import DEFAULT_ENGINE
 from jaxoff.train import TrainConfig, train
 
 
@@ -59,12 +60,11 @@ def replay_io(root: str, window: int) -> dict:
     """Reads every chunk of the store at ``root`` from its committed slot and writes it to
     the other slot (no commit), ``window`` chunks in flight, through an engine configured
     as the paged optimizer's (O_DIRECT). Returns seconds and bytes."""
-    engine_cfg = EngineConfig(pool_bytes=64 << 20)  # jaxoff.paged's default engine
     store = PageStore.open(root)
     try:
         paths = store.file_table()
         src, dst = store.chunk_table(store.active_slot), store.chunk_table(store.inactive_slot)
-        engine = Engine(engine_cfg)
+        engine = Engine(DEFAULT_ENGINE)
         n = len(src["offset"])
         bufs = [np.empty(int(src["padded_nbytes"][i]), np.uint8) for i in range(n)]
         t0 = time.perf_counter()

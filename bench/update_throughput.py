@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxoff.aio import EngineConfig
-from jaxoff.optim import paged, update_and_apply
+from jaxoff.optim import DEFAULT_ENGINE, paged, update_and_apply
 
 
 def timed(fn, args, steps):
@@ -54,7 +53,7 @@ def main():
     t_plain = timed(plain, (params, ref.init(params)), a.steps)
     root = tempfile.mkdtemp(dir="/tmp")
     try:
-        engine = EngineConfig(pool_bytes=64 << 20) if a.no_split else None
+        engine = DEFAULT_ENGINE if a.no_split else None
         tx = paged(optax.adamw(1e-3), root + "/s", chunk_bytes=a.chunk_mib << 20, engine=engine)
         state = tx.init(params)
         step = jax.jit(lambda p, s: update_and_apply(tx, grads, s, p))

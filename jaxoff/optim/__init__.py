@@ -25,6 +25,7 @@ from ._orbax import PagedCheckpointHandler as PagedCheckpointHandler
 from ._orbax import PagedRestore as PagedRestore
 from ._orbax import PagedSave as PagedSave
 from ._paged import DEFAULT_CHUNK_BYTES as DEFAULT_CHUNK_BYTES
+from ._paged import DEFAULT_ENGINE as DEFAULT_ENGINE
 from ._paged import PagedState as PagedState
 from ._paged import PagedTransformation as PagedTransformation
 from ._paged import paged as paged
@@ -33,6 +34,7 @@ from ._state import PagedTensors as PagedTensors
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_ENGINE",
     "RAM_ENTRY",
     "ChunkUpdater",
     "EntryIO",

@@ -30,6 +30,7 @@ from jaxoff.optim._probe import probe_elementwise
 from jaxoff.optim._state import PagedState, make_state
 
 DEFAULT_CHUNK_BYTES = 16 << 20
+DEFAULT_ENGINE = EngineConfig(pool_bytes=64 << 20)  # the paging calls' engine unless given
 
 
 class PagedTransformation(optax.GradientTransformationExtraArgs):
@@ -155,7 +156,7 @@ class Pager:
         self.inner = optax.with_extra_args_support(inner)
         self.master_dtype = np.dtype(master_dtype)
         self._engine_given = engine is not None
-        self.engine = engine if engine is not None else EngineConfig(pool_bytes=64 << 20)
+        self.engine = engine if engine is not None else DEFAULT_ENGINE
         self.slots = check_slots(slots)
         if isinstance(store, PageStore):
             self.store, self.root, self.chunk_bytes = store, store.root, store.chunk_bytes

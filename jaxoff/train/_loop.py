@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _faults
 from .._errors import JaxoffError
+from ..aio import file_table_stats
 from ..placement import (
     abstract_with,
     fetch_params,
@@ -236,14 +237,10 @@ class IoSplit:
     _WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
 
     def __init__(self, tx):
-        from ..aio import file_table_stats
-
-        self._stats = file_table_stats
-        pager = getattr(tx, "pager", None)
-        self._table = getattr(pager, "table", None) if pager is not None else None
+        self._table = getattr(getattr(tx, "pager", None), "table", None)
 
     def snapshot(self) -> dict | None:
-        return self._stats(self._table) if self._table else None
+        return file_table_stats(self._table) if self._table else None
 
     def record(self, before: dict | None, step_s: float) -> dict:
         after = self.snapshot()
