@@ -1,20 +1,35 @@
-"""Step time of fuyou (paged update inside the backward scan) vs the sequential paged step.
+"""Step time of fuyou (paged update pipelined with the backward scan) against its bound.
 
-Same model (default ``mini``, nothing_saveable), same paged AdamW, same batch; medians of
-``--reps`` steps after warm-up; prints the ratio fuyou / sequential (< 1: fuyou is faster).
+Same model (default ``mini``, nothing_saveable), same AdamW, same batch, measured in one run
+with the variants interleaved (``--rounds`` rounds of ``--steps`` steps each, after warm-up;
+medians over all steps):
 
-    python bench/fuyou.py --model small --batch 2 --seq 128 --reps 5
+* **compute-only**: the same step with the optimizer state in RAM (plain optax);
+* **sequential paged**: ``jaxoff.paged``, the whole update after backward;
+* **fuyou**: layer j + 1's paged update inside the backward scan step of layer j;
+* **pure I/O**: fuyou's store read from its committed slot and written to the other one,
+  chunk by chunk through the paged optimizer's engine configuration, no compute
+  (``bench/paged_step.py``'s replay).
+
+Prints fuyou / sequential, fuyou / max(compute-only, pure I/O) and the fraction of the pure
+I/O time hidden, ``1 - (fuyou - compute-only) / pure I/O`` (clamped to [0, 1]).
+
+    python bench/fuyou.py --model mini --batch 4 --seq 128 --json bench/results/fuyou_mini.json
 """
 
 import argparse
+import json
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from paged_step import replay_io
 
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
@@ -22,18 +37,7 @@ from jaxoff.optim import paged
 from jaxoff.step import TrainState, make_train_step
 from jaxoff.strategies._fuyou import fuyou_init, make_fuyou_step
 
-
-def timed(step, state, inputs, targets, reps):
-    for _ in range(2):
-        state, m = step(state, inputs, targets)
-    jax.block_until_ready(m)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        state, m = step(state, inputs, targets)
-        jax.block_until_ready((state, m))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), state
+VARIANTS = ("compute_only", "sequential", "fuyou")
 
 
 def main():
@@ -41,26 +45,87 @@ def main():
     ap.add_argument("--model", default="mini")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per variant and round")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunk-mib", type=int, default=4)
+    ap.add_argument("--io-reps", type=int, default=3)
+    ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cfg = with_stack(CONFIGS[a.model], policy="nothing_saveable")
     x = jax.random.randint(jax.random.key(0), (a.batch, a.seq + 1), 0, 256)
     inputs, targets = x[:, :-1], x[:, 1:]
     root = tempfile.mkdtemp(prefix="fuyou_bench_")
-    out = {}
-    for name in ("sequential", "fuyou"):
+    runs, txs = {}, []
+    for name in VARIANTS:
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
-        tx = paged(optax.adamw(1e-4), f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
-        if name == "fuyou":
-            opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)
-        else:
+        if name == "compute_only":
+            tx = optax.adamw(1e-4)
             opt, fn = tx.init(params), make_train_step(graphdef, tx)
+        else:
+            tx = paged(optax.adamw(1e-4), f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
+            txs.append(tx)
+            if name == "fuyou":
+                opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)
+            else:
+                opt, fn = tx.init(params), make_train_step(graphdef, tx)
+        step = jax.jit(fn, donate_argnums=0)
         state = TrainState(jnp.zeros((), jnp.int32), params, opt)
-        out[name], state = timed(jax.jit(fn, donate_argnums=0), state, inputs, targets, a.reps)
+        for _ in range(2):  # compile and warm up
+            state, m = step(state, inputs, targets)
+        jax.block_until_ready(m)
+        runs[name] = {"step": step, "state": state, "times": [], "losses": []}
+    for r in range(a.rounds):
+        for name in VARIANTS:
+            run = runs[name]
+            for _ in range(a.steps):
+                t0 = time.perf_counter()
+                run["state"], m = run["step"](run["state"], inputs, targets)
+                jax.block_until_ready((run["state"], m))
+                run["times"].append(time.perf_counter() - t0)
+                run["losses"].append(float(m["loss"]))
+        print(
+            f"round {r}: "
+            + "  ".join(
+                f"{n} {statistics.median(runs[n]['times'][-a.steps :]) * 1e3:.1f} ms"
+                for n in VARIANTS
+            )
+        )
+    for tx in txs:
         tx.close()
-        print(f"{name:>10}: median {out[name] * 1e3:.1f} ms/step")
-    print(f"fuyou / sequential = {out['fuyou'] / out['sequential']:.3f}")
+    io = statistics.median(replay_io(f"{root}/fuyou", 4)["io_s"] for _ in range(a.io_reps))
+    med = {n: statistics.median(runs[n]["times"]) for n in VARIANTS}
+    c, s, f = med["compute_only"], med["sequential"], med["fuyou"]
+    hidden = min(1.0, max(0.0, 1.0 - (f - c) / io)) if io > 0 else None
+    summary = {
+        "compute_only_s": c,
+        "sequential_s": s,
+        "fuyou_s": f,
+        "pure_io_s": io,
+        "fuyou_over_sequential": f / s,
+        "fuyou_over_bound": f / max(c, io),
+        "sequential_over_compute_only": s / c,
+        "compute_over_io": c / io,
+        "io_hidden": hidden,
+    }
+    print(f"\nmodel {a.model}, batch {a.batch}x{a.seq}, chunk {a.chunk_mib} MiB, medians")
+    for n in VARIANTS:
+        print(f"{n:>13}: {med[n] * 1e3:.1f} ms/step")
+    print(f"{'pure I/O':>13}: {io * 1e3:.1f} ms (compute-only / pure I/O = {c / io:.2f})")
+    print(f"fuyou / sequential            = {f / s:.3f}")
+    print(f"fuyou / max(compute, I/O)     = {f / max(c, io):.3f}")
+    print(f"I/O hidden                    = {100 * hidden:.0f}%")
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "command": "python bench/fuyou.py " + " ".join(sys.argv[1:]),
+            "args": vars(a),
+            "summary": summary,
+            "runs": {
+                n: {"step_s": runs[n]["times"], "losses": runs[n]["losses"]} for n in VARIANTS
+            },
+        }
+        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {a.json}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import dataclasses
 import re
 
 import jax
+import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -122,6 +123,68 @@ def test_page_io_inside_backward_loop(tmp_path):
     assert _loops_with_io_and_dots(step1.lower(s1, *batch(0)).compile().as_text()) == 0
     tx1.close()
     tx2.close()
+
+
+_READS = ("jaxoff_page_prefetch", "jaxoff_page_take", "jaxoff_page_in")
+
+
+def _subjaxprs(eqn):
+    for v in eqn.params.values():
+        for x in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(x, jex_core.ClosedJaxpr):
+                yield x.jaxpr
+            elif isinstance(x, jex_core.Jaxpr):
+                yield x
+
+
+def _contains(eqn, pred) -> bool:
+    return pred(eqn) or any(_contains(e, pred) for j in _subjaxprs(eqn) for e in j.eqns)
+
+
+def _is_read(eqn) -> bool:
+    return eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") in _READS
+
+
+def _is_dot(eqn) -> bool:
+    return eqn.primitive.name == "dot_general"
+
+
+def _paths(jaxpr, source, sink) -> list[str]:
+    """Equations of ``jaxpr`` holding a ``sink`` op whose inputs depend on a ``source`` op
+    of the same jaxpr (an equation holding both counts as both)."""
+    tainted, hits = set(), []
+    for e in jaxpr.eqns:
+        dirty = any(isinstance(v, jex_core.Var) and v in tainted for v in e.invars)
+        if dirty and _contains(e, sink):
+            hits.append(e.primitive.name)
+        if dirty or _contains(e, source):
+            tainted.update(e.outvars)
+    return hits
+
+
+def test_layer_update_is_independent_of_the_backward_it_runs_beside(tmp_path):
+    """On the traced program: the backward scan's step pages a layer's optimizer state (page
+    reads, update, writes) and differentiates a layer (matmuls) with no data path between
+    the two in either direction, so the reads of layer j + 1 and the matmuls of layer j can
+    run at once. (The former step, which updated layer j after its own backward, has paths
+    from the matmuls to every page read.)"""
+    cfg = config("float32")
+    graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
+    tx = paged(inner(), tmp_path / "s", chunk_bytes=CHUNK)
+    state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
+    closed = jax.make_jaxpr(make_fuyou_step(graphdef, cfg, tx))(state, *batch(0))
+    loops = [
+        e
+        for e in closed.jaxpr.eqns
+        if e.primitive.name == "scan" and _contains(e, _is_read) and _contains(e, _is_dot)
+    ]
+    assert len(loops) == 1
+    body = loops[0].params["jaxpr"].jaxpr
+    assert sum(_contains(e, _is_read) for e in body.eqns) >= 2  # the layer's leaves are paged
+    assert sum(_contains(e, _is_dot) for e in body.eqns) >= 2  # the layer's matmuls
+    assert _paths(body, _is_read, _is_dot) == []
+    assert _paths(body, _is_dot, _is_read) == []
+    tx.close()
 
 
 def test_clipping_is_refused(tmp_path):

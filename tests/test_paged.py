@@ -1,5 +1,7 @@
 """jaxoff.optim.paged: bitwise equal to plain optax, chunk by chunk from a page store."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,13 @@ import pytest
 
 from jaxoff.aio import PageStoreLayoutError
 from jaxoff.aio._layout import MAX_CHUNK_BYTES
-from jaxoff.optim import DEFAULT_CHUNK_BYTES, NotElementwiseError, paged, update_and_apply
+from jaxoff.optim import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_ENGINE,
+    NotElementwiseError,
+    paged,
+    update_and_apply,
+)
 
 LR = optax.warmup_cosine_decay_schedule(0.0, 3e-2, 5, 30, end_value=3e-3)
 OPTIMIZERS = {
@@ -328,5 +336,56 @@ def test_largest_chunk_stages_only_each_leaf(tmp_path):
     assert tx.pager.split_phase_bytes(tx.pager.plan(mlp_params())) < 2 << 20
     got, _, _ = run(tx, mlp_params(), 2, fused=True)
     assert_trees_equal(got, run_reference(optax.adam(1e-2), mlp_params(), 2)[0])
-    assert tx.pager.engine.pool_bytes == 64 << 20  # the default, not grown
+    assert tx.pager.engine == DEFAULT_ENGINE  # the default, not grown
+    tx.close()
+
+
+def _untainted_prefetches(tx, params) -> int:
+    """Page prefetches of a whole training step (gradients, then the paged update) that no
+    matmul of the step feeds: reads that may run while the gradients are computed."""
+    import jax.extend.core as jex
+
+    def step(p, s, x, y):
+        g = jax.lax.optimization_barrier(jax.grad(loss_fn)(p, x, y))
+        return update_and_apply(tx, g, s, p)
+
+    closed = jax.make_jaxpr(step)(params, tx.init(params), *batch(0))
+    tainted, free = set(), 0
+    for e in closed.jaxpr.eqns:
+        dirty = any(isinstance(v, jex.Var) and v in tainted for v in e.invars)
+        if e.primitive.name == "ffi_call" and e.params["target_name"] == "jaxoff_page_prefetch":
+            free += not dirty
+        if dirty or e.primitive.name == "dot_general":
+            tainted.update(e.outvars)
+    return free
+
+
+@pytest.mark.parametrize("room_chunks", [None, 3])
+def test_head_start_prefetches_fit_the_staging_and_do_not_wait_for_gradients(
+    tmp_path, room_chunks
+):
+    """The step's first chunks are prefetched before the gradients exist (no data path from
+    any matmul), as many as the staging the pipeline leaves free holds, each counted at
+    twice its 4 KiB-aligned size; the results stay bitwise those of plain optax."""
+    params = mlp_params()
+    probe = paged(optax.adam(1e-2), tmp_path / "probe", chunk_bytes=4096)
+    plan = probe.pager.plan(params)
+    probe.close()
+    total = sum(leaf.num_chunks for leaf in plan.leaves)
+    engine = None
+    if room_chunks is not None:  # 2 entries (mu, nu) x 4 KiB x 2 per chunk
+        need = probe.pager.split_phase_bytes(plan)
+        engine = dataclasses.replace(DEFAULT_ENGINE, pool_bytes=need + room_chunks * 16384)
+    tx = paged(optax.adam(1e-2), tmp_path / "s", chunk_bytes=4096, engine=engine)
+    heads = tx.pager._head_chunks(plan)
+    want = total if room_chunks is None else room_chunks
+    assert sum(heads) == want
+    # a prefix of the step's chunks, leaf by leaf
+    full = [h == leaf.num_chunks for h, leaf in zip(heads, plan.leaves, strict=True)]
+    k = full.index(False) if False in full else len(full)
+    assert all(h == 0 for h in heads[k + 1 :])
+    entries = sum(h * len(leaf.entries) for h, leaf in zip(heads, plan.leaves, strict=True))
+    assert _untainted_prefetches(tx, params) == entries
+    got, _, _ = run(tx, mlp_params(), 3, fused=True)  # donates its parameters
+    assert_trees_equal(got, run_reference(optax.adam(1e-2), mlp_params(), 3)[0])
     tx.close()

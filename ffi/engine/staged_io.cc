@@ -56,6 +56,7 @@ struct StagedIo::State {
     bool done = false;
     IoStatus status;
     Clock::time_point born;
+    std::function<void()> on_done;  // a TakeAsync waiting for the read; run once, unlocked
   };
   struct Write {
     std::shared_ptr<const File> file;
@@ -227,39 +228,46 @@ IoStatus StagedIo::Prefetch(std::shared_ptr<const File> file, uint64_t offset, s
   engine_->Read(
       std::move(file), offset, t->buf.data(), size,
       [state = state_, t](const IoStatus& s) {
-        std::lock_guard<std::mutex> lk(state->mu);
-        t->status = s;
-        t->done = true;
-        auto& r = state->reading;
-        r.erase(std::remove(r.begin(), r.end(), t), r.end());
-        --state->reads_in_flight;
-        // No ticket is dropped while its read is in flight (Drain and ReclaimStale wait for
-        // it, Take owns it), so the staging stays with the ticket.
-        state->cv.notify_all();
+        std::function<void()> take;
+        {
+          std::lock_guard<std::mutex> lk(state->mu);
+          t->status = s;
+          t->done = true;
+          auto& r = state->reading;
+          r.erase(std::remove(r.begin(), r.end(), t), r.end());
+          --state->reads_in_flight;
+          // No ticket is dropped while its read is in flight (Drain and ReclaimStale wait for
+          // it, Take owns it), so the staging stays with the ticket.
+          take = std::move(t->on_done);
+          t->on_done = nullptr;
+          state->cv.notify_all();
+        }
+        if (take) take();
       },
       options);
   return IoStatus();
 }
 
-IoStatus StagedIo::Take(int32_t ticket, void* dst, size_t size) {
-  State& st = *state_;
-  std::shared_ptr<State::Ticket> t;
-  const auto t0 = Clock::now();
-  {
-    std::unique_lock<std::mutex> lk(st.mu);
-    auto it = st.tickets.find(ticket);
-    if (it == st.tickets.end()) {
-      return Failed("ticket " + std::to_string(ticket) +
-                    " is unknown: it was already taken, or reclaimed (drained, its table "
-                    "unregistered, or not taken within " +
-                    std::to_string(static_cast<int>(st.stale_seconds)) +
-                    " s while staging was short). Take each ticket exactly once, from the "
-                    "program that prefetched it");
-    }
-    t = it->second;
-    st.tickets.erase(it);  // ours now: nobody else can take or reclaim it
-    st.cv.wait(lk, [&] { return t->done; });
-  }
+namespace {
+
+IoStatus UnknownTicket(int32_t ticket, double stale_seconds) {
+  return Failed("ticket " + std::to_string(ticket) +
+                " is unknown: it was already taken, or reclaimed (drained, its table "
+                "unregistered, or not taken within " +
+                std::to_string(static_cast<int>(stale_seconds)) +
+                " s while staging was short). Take each ticket exactly once, from the "
+                "program that prefetched it");
+}
+
+}  // namespace
+
+// The end of a take whose read is over: checks, copy out, counters, staging released. Called
+// without holding mu.
+IoStatus StagedIo::FinishTake(const std::shared_ptr<State>& state, int32_t ticket,
+                              const std::shared_ptr<void>& ticket_ptr, void* dst, size_t size,
+                              std::chrono::steady_clock::time_point t0) {
+  State& st = *state;
+  auto t = std::static_pointer_cast<State::Ticket>(ticket_ptr);
   const auto t1 = Clock::now();
   IoStatus result;
   if (!t->status.ok()) {
@@ -281,14 +289,53 @@ IoStatus StagedIo::Take(int32_t ticket, void* dst, size_t size) {
   std::lock_guard<std::mutex> lk(st.mu);
   if (result.ok()) {
     ++st.takes;
-    st.take_wait_ns += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-    st.take_copy_ns += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count());
+    st.take_wait_ns += NanosSince(t0, t1);
+    st.take_copy_ns += NanosSince(t1, t2);
   }
   st.Release(std::move(t->buf));
   st.cv.notify_all();
   return result;
+}
+
+IoStatus StagedIo::Take(int32_t ticket, void* dst, size_t size) {
+  State& st = *state_;
+  std::shared_ptr<State::Ticket> t;
+  const auto t0 = Clock::now();
+  {
+    std::unique_lock<std::mutex> lk(st.mu);
+    auto it = st.tickets.find(ticket);
+    if (it == st.tickets.end()) return UnknownTicket(ticket, st.stale_seconds);
+    t = it->second;
+    st.tickets.erase(it);  // ours now: nobody else can take or reclaim it
+    st.cv.wait(lk, [&] { return t->done; });
+  }
+  return FinishTake(state_, ticket, t, dst, size, t0);
+}
+
+bool StagedIo::TakeAsync(int32_t ticket, void* dst, size_t size, IoStatus* now,
+                         std::function<void(const IoStatus&)> done) {
+  State& st = *state_;
+  std::shared_ptr<State::Ticket> t;
+  const auto t0 = Clock::now();
+  {
+    std::unique_lock<std::mutex> lk(st.mu);
+    auto it = st.tickets.find(ticket);
+    if (it == st.tickets.end()) {
+      *now = UnknownTicket(ticket, st.stale_seconds);
+      return true;
+    }
+    t = it->second;
+    st.tickets.erase(it);  // ours now: nobody else can take or reclaim it
+    if (!t->done) {
+      // Run by the read's completion (which moves it out of the ticket, breaking the cycle).
+      t->on_done = [state = state_, ticket, t, dst, size, t0, done = std::move(done)]() {
+        done(FinishTake(state, ticket, t, dst, size, t0));
+      };
+      return false;
+    }
+  }
+  *now = FinishTake(state_, ticket, t, dst, size, t0);
+  return true;
 }
 
 bool StagedIo::WriteBehind(std::shared_ptr<const File> file, uint64_t offset, const void* src,

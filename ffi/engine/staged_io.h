@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "engine.h"
@@ -63,6 +64,13 @@ class StagedIo {
   // Blocks until `ticket`'s read is done, checks it (size, I/O status, crc32c) and copies its
   // `size` bytes to `dst`. The ticket is released whatever the outcome.
   IoStatus Take(int32_t ticket, void* dst, size_t size);
+  // Take without blocking: when the ticket's read is over (or the ticket is unknown), takes it
+  // now, stores the outcome in *now and returns true. Otherwise returns false at once and
+  // `done` runs with the outcome on the engine's completion thread once the read has ended and
+  // its bytes are in `dst` (which must stay valid until then). So an XLA program's thread
+  // is not held while the disk works.
+  bool TakeAsync(int32_t ticket, void* dst, size_t size, IoStatus* now,
+                 std::function<void(const IoStatus&)> done);
 
   // Copies `size` bytes of `src` into staging (the crc32c, into *crc, is taken during the copy
   // while the bytes are in cache) and starts writing them; `src` may be reused on return.
@@ -84,6 +92,9 @@ class StagedIo {
 
  private:
   struct State;
+  static IoStatus FinishTake(const std::shared_ptr<State>& state, int32_t ticket,
+                             const std::shared_ptr<void>& ticket_ptr, void* dst, size_t size,
+                             std::chrono::steady_clock::time_point t0);
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<State> state_;  // shared with the completion callbacks
 };

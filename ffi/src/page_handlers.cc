@@ -310,14 +310,16 @@ ffi::Error PagePrefetch(PageState* state, ffi::AnyBuffer file_id, ffi::AnyBuffer
   }
 }
 
-// Split phase, second half: waits for the ticket's read, verifies it, copies it out.
-ffi::Error PageTake(PageState* state, ffi::AnyBuffer ticket, ffi::AnyBuffer /*token*/,
-                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> out_token,
-                    std::string_view /*table*/) {
+// Split phase, second half: waits for the ticket's read, verifies it, copies it out. Asynchronous
+// when the read is still in flight: XLA's thread goes on with other work (e.g. a layer's matmuls
+// beside its neighbour's paged update) and the result is ready when the read completes.
+ffi::Future PageTake(PageState* state, ffi::AnyBuffer ticket, ffi::AnyBuffer /*token*/,
+                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> out_token,
+                     std::string_view /*table*/) {
   constexpr const char* kName = "jaxoff_page_take";
   try {
     if (ticket.element_type() != ffi::DataType::S32 || ticket.element_count() != 1) {
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+      return ReadyError(ffi::ErrorCode::kInvalidArgument,
                         std::string(kName) + ": the ticket must be an int32 scalar from "
                         "jaxoff_page_prefetch");
     }
@@ -325,16 +327,33 @@ ffi::Error PageTake(PageState* state, ffi::AnyBuffer ticket, ffi::AnyBuffer /*to
     void* dst = out->untyped_data();
     const size_t size = out->size_bytes();
     aio::AdviseHugePages(dst, size);
-    aio::IoStatus s = state->table->staged->Take(
-        *static_cast<const int32_t*>(ticket.untyped_data()), dst, size);
-    if (!s.ok()) {
+    auto error = [table = state->table->name](const aio::IoStatus& s) {
       const bool corrupt = s.message.find("checksum mismatch") != std::string::npos;
       return ffi::Error(corrupt ? ffi::ErrorCode::kDataLoss : ffi::ErrorCode::kInternal,
-                        std::string(kName) + " (table '" + state->table->name + "'): " + s.message);
+                        std::string(kName) + " (table '" + table + "'): " + s.message);
+    };
+    ffi::Promise promise;
+    ffi::Future future(promise);
+    aio::IoStatus now;
+    const bool ready = state->table->staged->TakeAsync(
+        *static_cast<const int32_t*>(ticket.untyped_data()), dst, size, &now,
+        [promise, error](const aio::IoStatus& s) mutable {
+          if (s.ok()) {
+            Complete(promise);
+          } else {
+            Fail(promise, error(s));
+          }
+        });
+    if (ready) {
+      if (now.ok()) {
+        promise.SetAvailable();
+      } else {
+        promise.SetError(error(now));
+      }
     }
-    return ffi::Error::Success();
+    return future;
   } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string(kName) + ": " + e.what());
+    return ReadyError(ffi::ErrorCode::kInternal, std::string(kName) + ": " + e.what());
   }
 }
 

@@ -24,13 +24,14 @@ from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file
 from jaxoff.aio._layout import MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
-from jaxoff.optim._pipeline import EntryIO, page_leaf
+from jaxoff.optim._pipeline import EntryIO, page_leaf, prefetch_chunk
 from jaxoff.optim._plan import RAM_ENTRY, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
 from jaxoff.optim._state import PagedState, make_state
 
 DEFAULT_CHUNK_BYTES = 16 << 20
-DEFAULT_ENGINE = EngineConfig(pool_bytes=64 << 20)  # the paging calls' engine unless given
+DEFAULT_ENGINE = EngineConfig(pool_bytes=128 << 20)  # the paging calls' engine unless given
+_STAGING_ALIGN = 4096  # staging buffers are 4 KiB-aligned (ffi/engine/aligned_buffer.h)
 
 
 class PagedTransformation(optax.GradientTransformationExtraArgs):
@@ -235,6 +236,25 @@ class Pager:
         ]
         return 3 * max(per_leaf, default=0) + (1 << 20)
 
+    def _head_chunks(self, plan: Plan) -> list[int]:
+        """Per leaf, how many of its first chunks a step prefetches at its start: the longest
+        prefix of the step's chunks (leaf by leaf) whose staged bytes fit in the staging the
+        pipeline does not need (``pool_bytes - split_phase_bytes``). Each chunk is counted
+        twice its aligned size: staging may serve a request with a cached buffer up to twice
+        as large, and a prefetch that finds no room is refused."""
+        room = self.engine.pool_bytes - self.split_phase_bytes(plan)
+        heads = [0] * len(plan.leaves)
+        for leaf in plan.leaves:
+            itemsizes = [plan.entries[k].storage.itemsize for k in leaf.entries]
+            for i in range(leaf.num_chunks):
+                n = leaf.chunk_size(i)
+                need = sum(2 * (-(-n * s // _STAGING_ALIGN) * _STAGING_ALIGN) for s in itemsizes)
+                if need > room:
+                    return heads
+                room -= need
+                heads[leaf.index] += 1
+        return heads
+
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
@@ -343,7 +363,24 @@ class Pager:
             ordered=False,
         )
         split = self.engine.pool_bytes >= self.split_phase_bytes(plan)
-        for leaf, g, p in zip(plan.leaves, g_leaves, p_leaves, strict=True):
+        # Head start: the first chunks of the step (in paging order, as many as the staging
+        # left over by the pipeline holds) are prefetched now. Nothing here depends on the
+        # gradients, so their reads run during the forward and backward passes.
+        heads = self._head_chunks(plan) if split else [0] * len(plan.leaves)
+        head_tickets = []
+        for leaf, h in zip(plan.leaves, heads, strict=True):
+            leaf_ios = [ios[k] for k in leaf.entries]
+            leaf_crcs = [state.crcs[k] for k in leaf.entries]
+            tickets = []
+            for i in range(h):
+                tickets.append(
+                    prefetch_chunk(
+                        self.table, leaf_ios, leaf_crcs, read_slot, i, leaf.chunk_size(i), tok
+                    )
+                )
+                tok = tickets[-1][-1]
+            head_tickets.append(tickets)
+        for leaf, g, p, head in zip(plan.leaves, g_leaves, p_leaves, head_tickets, strict=True):
             compute = functools.partial(
                 self._compute, plan, leaf, g.reshape(-1), p.reshape(-1), inner_ram, extra, apply
             )
@@ -361,7 +398,9 @@ class Pager:
             # The pipeline reads materialised gradients (see _one_trip): fused into some
             # chunks' updates and not others, the last ops of the gradient (or of clipping)
             # would change FMA contraction and hence the last bit.
-            out, crcs, tok = _one_trip(pipeline, out, compute, tok, split_phase=split)
+            out, crcs, tok = _one_trip(
+                pipeline, out, compute, tok, split_phase=split, head=head
+            )
             for k, c in zip(leaf.entries, crcs, strict=True):
                 new_crcs[k] = c
             outs.append(out.reshape(leaf.shape))

@@ -56,6 +56,7 @@ def page_leaf(
     token: jax.Array,
     *,
     split_phase: bool = False,
+    head: list[list[jax.Array]] | None = None,
 ) -> tuple[jax.Array, list[jax.Array], jax.Array]:
     """Pages one leaf through ``compute`` chunk by chunk.
 
@@ -69,6 +70,10 @@ def page_leaf(
       out: flat output buffer; chunk ``i`` of ``compute``'s first result lands at
         ``i * chunk_elems``.
       compute: ``(i, size, chunks_read) -> (out_chunk, chunks_to_write)``.
+
+      head: split phase only: per chunk ``0 .. len(head) - 1``, the tickets of its entries'
+        reads, prefetched by the caller (`prefetch_chunk`) before this call; the pipeline
+        takes them instead of reading those chunks itself.
 
     Returns:
       ``(out, crcs of the chunks written per entry, token after the last write)``.
@@ -101,7 +106,10 @@ def page_leaf(
             compute,
             token,
             crcs_out,
+            list(head or []),
         )
+    if head:
+        raise ValueError("page_leaf: prefetched head chunks need split_phase=True")
 
     def read(i, n, tok):
         xs = []
@@ -152,6 +160,33 @@ def page_leaf(
     return out, crcs, tok_w
 
 
+def prefetch_chunk(
+    table: str,
+    ios: list[EntryIO],
+    crcs_in: list[jax.Array],
+    read_slot: jax.Array,
+    i,
+    n: int,
+    token: jax.Array,
+) -> list[jax.Array]:
+    """Starts the reads of chunk ``i`` (``n`` elements) of every entry; returns their tickets.
+
+    Each prefetch is issued after the previous one (the last ticket orders them all)."""
+    tickets = []
+    for k, io in enumerate(ios):
+        token = page_prefetch(
+            table,
+            jnp.asarray(io.file_ids)[read_slot, i],
+            jnp.asarray(io.offsets)[i],
+            crcs_in[k][i],
+            token,
+            shape=(n,),
+            dtype=io.storage,
+        )
+        tickets.append(token)
+    return tickets
+
+
 def _page_leaf_split(
     table,
     ios,
@@ -168,21 +203,14 @@ def _page_leaf_split(
     compute,
     token,
     crcs_out,
+    head,
 ):
+    h = len(head)
+    if h > num:
+        raise ValueError(f"page_leaf: {h} prefetched head chunks for a leaf of {num}")
+
     def prefetch(i, n, tok):
-        tickets = []
-        for k, io in enumerate(ios):
-            tok = page_prefetch(
-                table,
-                fids[k][read_slot, i],
-                offs[k][i],
-                crcs_in[k][i],
-                tok,
-                shape=(n,),
-                dtype=io.storage,
-            )
-            tickets.append(tok)  # each prefetch after the previous: the last one orders all
-        return tickets
+        return prefetch_chunk(table, ios, crcs_in, read_slot, i, n, tok)
 
     def take(n, tickets, tok):
         xs = []
@@ -193,8 +221,12 @@ def _page_leaf_split(
 
     def stage(i, n, next_n, carry):
         tickets, out, tok, crcs = carry
-        nxt = prefetch(i + 1, next_n, tok) if next_n else None
-        xs = take(n, tickets, nxt[-1] if nxt else tok)  # after the prefetch of chunk i+1
+        if isinstance(i, int) and i + 1 < h:  # prefetched by the caller
+            nxt = head[i + 1]
+            xs = take(n, tickets, tok)
+        else:
+            nxt = prefetch(i + 1, next_n, tok) if next_n else None
+            xs = take(n, tickets, nxt[-1] if nxt else tok)  # after the prefetch of chunk i+1
         out_chunk, new = compute(i, n, xs)
         out = lax.dynamic_update_slice(out, out_chunk.astype(out.dtype), (i * chunk_elems,))
         crcs = list(crcs)
@@ -205,15 +237,20 @@ def _page_leaf_split(
             crcs[k] = crcs[k].at[i].set(crc)
         return nxt, out, tok, crcs
 
-    carry = (prefetch(0, size(0), token), out, token, crcs_out)
-    carry = stage(0, size(0), size(1) if num > 1 else 0, carry)
-    if n_full >= 3:  # the uniform middle: chunks 1 .. n_full-2, each reading a full chunk
+    first = head[0] if h else prefetch(0, size(0), token)
+    carry = (first, out, token, crcs_out)
+    # Static stages up to the last prefetched head chunk, then the uniform middle as a scan
+    # (chunks lo .. n_full-2, each reading a full chunk), then the last one or two chunks.
+    lo = max(1, h)
+    for i in range(lo):
+        carry = stage(i, size(i), size(i + 1) if i + 1 < num else 0, carry)
+    if n_full - 1 > lo:
 
         def body(carry, i):
             return stage(i, chunk_elems, chunk_elems, carry), None
 
-        carry, _ = lax.scan(body, carry, jnp.arange(1, n_full - 1, dtype=jnp.int32))
-    for i in range(max(1, n_full - 1), num):
+        carry, _ = lax.scan(body, carry, jnp.arange(lo, n_full - 1, dtype=jnp.int32))
+    for i in range(max(lo, n_full - 1), num):
         carry = stage(i, size(i), size(i + 1) if i + 1 < num else 0, carry)
     _, out, tok, crcs = carry
     return out, crcs, tok

@@ -1,21 +1,26 @@
-"""Fuyou: the NVMe-paged optimizer update runs inside the backward layer scan.
+"""Fuyou: the NVMe-paged optimizer update runs inside the backward layer scan, pipelined.
 
 Liao et al. 2024, "Adding NVMe SSDs to Enable and Accelerate 100B Model Fine-tuning on a
 Single GPU". Plain paged training runs the whole backward pass, then pages every layer's
 optimizer state through the update. Here the backward pass is a hand-written reverse scan over
 the stacked blocks whose body computes layer ``j``'s gradients (the block's VJP, the block
-recomputed from its saved input as under ``nothing_saveable``) and at once pages layer ``j``'s
-fp32 master and moments through the update: split-phase reads, the chunk arithmetic of
-``jaxoff.paged`` (through its public chunk-update API, `jaxoff.optim.chunk_updater`, so every
-element is bitwise what the sequential paged update computes) and write-behind writes that
-proceed while layer ``j - 1`` is differentiated.
-The embeddings, final norm and head are updated after the scan.
+recomputed from its saved input as under ``nothing_saveable``) and pages layer ``j + 1``'s
+fp32 master and moments through the update (its gradients come from the previous body):
+split-phase reads, the chunk arithmetic of ``jaxoff.paged`` (through its public chunk-update
+API, `jaxoff.optim.chunk_updater`, so every element is bitwise what the sequential paged
+update computes) and write-behind writes. Layer 0 is updated after the scan, then the
+embeddings, final norm and head.
 
-What overlaps the backward pass is only those writes. Layer ``j``'s new parameters are written
-into the stacked buffer that layer ``j - 1``'s slice is read from, so layer ``j``'s reads and
-update finish before layer ``j - 1``'s backward starts (``bench/fuyou.py`` measured the step
-at 1.316 times the sequential paged step; see ``docs/strategies.md``). The paper overlaps
-the whole update with backward: its optimizer runs on the host CPU while the GPU computes.
+The backward scan is software-pipelined: its step for layer ``j`` differentiates layer ``j``
+and pages layer ``j + 1``'s update (gradients carried from the previous step), with no data
+path between the two in either direction (``tests/test_fuyou.py`` checks this on the traced
+program), so the update's reads, arithmetic and writes may run while layer ``j``'s matmuls
+do; ``jaxoff_page_take`` hands XLA's thread back while a read is in flight. On the 2-core
+CPU this project is measured on, that independence does not shorten the step
+(``bench/fuyou.py``: 1.25 times the sequential paged step, ``docs/strategies.md``): the
+update's own CPU work (138 chunk reads and updates per step on ``mini``) competes with the
+matmuls for the same two cores. The paper runs the update on the host CPU while the GPU
+computes.
 Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
 choice of how much to swap; activations stay on the device (each block's input, the block
 recomputed in backward).
@@ -396,48 +401,58 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
 
         bleaves = [plan.leaves[i] for i in bidx]
 
-        # backward: layer j's gradients, then layer j's paged update, in one scan step. The
-        # stacked parameters are the loop's carry, updated in place layer by layer (with the
-        # state donated, in the parameters' own buffers: no second copy of the model).
-        # Layer j's new values are written one step late, at the top of the next step, and
-        # layer j - 1 is read from what that write returns: every read of the stacked leaves
-        # then follows every write, and XLA needs no copy of a leaf to keep an old value.
-        def bbody(carry, xs):
-            gh, tok, blocks, pending, pending_j = carry
-            j, h_in, crcs, fids, offs = xs
-            blocks = _put_layer(blocks, pending, pending_j)
-            layer = _layer(blocks, j, dtypes)
-            # The barriers on the gradients only hold until XLA:CPU drops them, before fusion;
-            # the chunks inside each leaf's scan read the gradient as a loop operand. What
-            # guards the arithmetic is the bitwise test against the sequential paged update.
-            _, vjp = jax.vjp(block, layer, h_in)
-            g_layer, gh = vjp(gh)
-            g_layer = lax.optimization_barrier(g_layer)
-            new_layer, out_crcs, sq = [], [], []
-            for leaf, g, p, c, f, o in zip(bleaves, g_layer, layer, crcs, fids, offs, strict=True):
-                p_new, c_new, tok = update_leaf(leaf, g, p, c, f, o, tok)
-                new_layer.append(p_new)
-                out_crcs.append(c_new)
-                sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
-            pending = [_bits(x) for x in new_layer]
-            return (gh, tok, blocks, pending, j), (out_crcs, jnp.stack(sq))
-
         def per_leaf(table):
             return [[table[k] for k in leaf.entries] for leaf in bleaves]
 
-        xs = (
-            jnp.arange(lay.num_layers),
-            saved,
-            per_leaf(opt.crcs),
-            per_leaf(lay.fids),
-            per_leaf(lay.offs),
-        )
-        last = lay.num_layers - 1  # first written: the top layer, unchanged
-        top = [lax.dynamic_index_in_dim(b, last, keepdims=False) for b in stacked]
-        (gh, tok, new_stacked, pending, pending_j), (crcs_b, sq_b) = lax.scan(
-            bbody, (gh, new_token(), stacked, top, jnp.asarray(last)), xs, reverse=True
-        )
+        def backward(blocks, j, h_in, gh):
+            """Layer ``j``'s parameters, their gradients, and the gradient of its input."""
+            layer = _layer(blocks, j, dtypes)
+            _, vjp = jax.vjp(block, layer, h_in)
+            g_layer, gh = vjp(gh)
+            return layer, g_layer, gh
+
+        def update_layer(g_layer, layer, crcs, fids, offs, tok):
+            """One layer's paged update: its new parameters (as bits), crcs and squares."""
+            new_layer, out_crcs, sq = [], [], []
+            for leaf, g, p, c, f, o in zip(bleaves, g_layer, layer, crcs, fids, offs, strict=True):
+                p_new, c_new, tok = update_leaf(leaf, g, p, c, f, o, tok)
+                new_layer.append(_bits(p_new))
+                out_crcs.append(c_new)
+                sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
+            return new_layer, out_crcs, jnp.stack(sq), tok
+
+        # backward, software-pipelined: the scan step of layer j differentiates layer j and
+        # updates layer j + 1 (whose gradients the previous step computed and carried). The
+        # two have no data path between them, so the update's page reads, arithmetic and
+        # writes run while layer j's matmuls do. The stacked parameters are the loop's carry,
+        # updated in place (with the state donated, in the parameters' own buffers: no second
+        # copy of the model): layer j + 1's new values are written into the stack one step
+        # later, at the top of layer j - 1's step, before that step slices its layer, so every
+        # read of the stack follows every write and XLA needs no copy of it to keep an old
+        # value. The top layer is differentiated before the scan, layer 0 updated after it.
+        tables = (per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
+        last = lay.num_layers - 1
+        layer, g_layer, gh = backward(stacked, last, saved[last], gh)
+        top = [_bits(x) for x in layer]  # first written: the top layer, unchanged
+
+        def bbody(carry, xs):
+            gh, tok, blocks, g_up, p_up, pending, pending_j = carry
+            j, h_in, (crcs, fids, offs) = xs  # the tables are layer j + 1's
+            blocks = _put_layer(blocks, pending, pending_j)
+            layer, g_layer, gh = backward(blocks, j, h_in, gh)
+            new_up, crcs_up, sq_up, tok = update_layer(g_up, p_up, crcs, fids, offs, tok)
+            return (gh, tok, blocks, g_layer, layer, new_up, j + 1), (crcs_up, sq_up)
+
+        xs = (jnp.arange(last), saved[:last], jax.tree.map(lambda t: t[1:], tables))
+        carry = (gh, new_token(), stacked, g_layer, layer, top, jnp.asarray(last))
+        carry, (crcs_up, sq_up) = lax.scan(bbody, carry, xs, reverse=True)
+        gh, tok, new_stacked, g_layer, layer, pending, pending_j = carry
         new_stacked = _put_layer(new_stacked, pending, pending_j)
+        first = jax.tree.map(lambda t: t[0], tables)
+        new_0, crcs_0, sq_0, tok = update_layer(g_layer, layer, *first, tok)
+        new_stacked = _put_layer(new_stacked, new_0, 0)
+        crcs_b = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), crcs_0, crcs_up)
+        sq_b = jnp.concatenate([sq_0[None], sq_up])
         if not blocks_as_bits:
             new_stacked = [_unbits(b, d) for b, d in zip(new_stacked, dtypes, strict=True)]
         for leaf, cs in zip(bleaves, crcs_b, strict=True):
