@@ -361,9 +361,7 @@ def _untainted_prefetches(tx, params) -> int:
 
 
 @pytest.mark.parametrize("room_chunks", [None, 3])
-def test_head_start_prefetches_fit_the_staging_and_do_not_wait_for_gradients(
-    tmp_path, room_chunks
-):
+def test_head_start_prefetches_fit_the_staging_and_do_not_wait_for_gradients(tmp_path, room_chunks):
     """The step's first chunks are prefetched before the gradients exist (no data path from
     any matmul), as many as the staging the pipeline leaves free holds, each counted at
     twice its 4 KiB-aligned size; the results stay bitwise those of plain optax."""

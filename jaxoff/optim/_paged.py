@@ -398,9 +398,7 @@ class Pager:
             # The pipeline reads materialised gradients (see _one_trip): fused into some
             # chunks' updates and not others, the last ops of the gradient (or of clipping)
             # would change FMA contraction and hence the last bit.
-            out, crcs, tok = _one_trip(
-                pipeline, out, compute, tok, split_phase=split, head=head
-            )
+            out, crcs, tok = _one_trip(pipeline, out, compute, tok, split_phase=split, head=head)
             for k, c in zip(leaf.entries, crcs, strict=True):
                 new_crcs[k] = c
             outs.append(out.reshape(leaf.shape))
