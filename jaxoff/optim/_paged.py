@@ -245,6 +245,8 @@ class Pager:
         room = self.engine.pool_bytes - self.split_phase_bytes(plan)
         heads = [0] * len(plan.leaves)
         for leaf in plan.leaves:
+            if not leaf.entries:  # nothing paged (e.g. masked out): nothing to read
+                continue
             itemsizes = [plan.entries[k].storage.itemsize for k in leaf.entries]
             for i in range(leaf.num_chunks):
                 n = leaf.chunk_size(i)
