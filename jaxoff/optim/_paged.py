@@ -21,7 +21,7 @@ from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError, PageStor
 from jaxoff.aio._engine import EngineConfig
 from jaxoff.aio._error_from import record
 from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file_table
-from jaxoff.aio._layout import MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
+from jaxoff.aio._layout import ALIGN, MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
 from jaxoff.optim._pipeline import EntryIO, page_leaf, prefetch_chunk
@@ -31,7 +31,6 @@ from jaxoff.optim._state import PagedState, make_state
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 DEFAULT_ENGINE = EngineConfig(pool_bytes=128 << 20)  # the paging calls' engine unless given
-_STAGING_ALIGN = 4096  # staging buffers are 4 KiB-aligned (ffi/engine/aligned_buffer.h)
 
 
 class PagedTransformation(optax.GradientTransformationExtraArgs):
@@ -240,7 +239,8 @@ class Pager:
         """Per leaf, how many of its first chunks a step prefetches at its start: the longest
         prefix of the step's chunks (leaf by leaf) whose staged bytes fit in the staging the
         pipeline does not need (``pool_bytes - split_phase_bytes``). Each chunk is counted
-        twice its aligned size: staging may serve a request with a cached buffer up to twice
+        twice its size rounded up to ``ALIGN`` (staging buffers, like O_DIRECT transfers, are
+        4 KiB-aligned): staging may serve a request with a cached buffer up to twice
         as large, and a prefetch that finds no room is refused."""
         room = self.engine.pool_bytes - self.split_phase_bytes(plan)
         heads = [0] * len(plan.leaves)
@@ -250,7 +250,7 @@ class Pager:
             itemsizes = [plan.entries[k].storage.itemsize for k in leaf.entries]
             for i in range(leaf.num_chunks):
                 n = leaf.chunk_size(i)
-                need = sum(2 * (-(-n * s // _STAGING_ALIGN) * _STAGING_ALIGN) for s in itemsizes)
+                need = sum(2 * (-(-n * s // ALIGN) * ALIGN) for s in itemsizes)
                 if need > room:
                     return heads
                 room -= need
