@@ -3,7 +3,9 @@
 ``JAXOFF_FAULT="name:n"`` kills this process with SIGKILL the ``n``-th time (1-based)
 :func:`point` is reached with that name; several such items may be given, separated by
 commas (``"store.commit:3,checkpoint.orbax:1"``). Without the variable, :func:`point` is one
-dictionary lookup. The suite in ``tests/test_faults.py`` uses these points to kill
+dictionary lookup. Under several processes (``jaxoff launch``),
+``JAXOFF_FAULT_PROCESS=i`` arms the faults in process ``i`` only (its ``JAX_PROCESS_ID``);
+the others run untouched. The suite in ``tests/test_faults.py`` uses these points to kill
 ``jaxoff train`` inside each writer (store pages, commits, both checkpoint writers, the
 metrics log) and checks that ``--resume`` then finishes bitwise equal to an uninterrupted run.
 
@@ -27,6 +29,11 @@ POINTS: dict[str, str] = {
     "checkpoint.orbax": "after the paged checkpoint, before the orbax checkpoint is written",
     "checkpoint.done": "after both checkpoint writers, before old checkpoints are removed",
 }
+# reached only when training runs in several processes (``jaxoff launch``)
+PROCESS_POINTS: dict[str, str] = {
+    "checkpoint.parts": "after this process wrote its parts of a checkpoint (its paged state, "
+    "its orbax shards), before process 0 records the checkpoint as complete",
+}
 
 _armed: dict[str, int] | None = None
 _counts: dict[str, int] = {}
@@ -36,8 +43,9 @@ def _parse(spec: str) -> dict[str, int]:
     armed: dict[str, int] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, n = item.partition(":")
-        if name not in POINTS:
-            raise ValueError(f"JAXOFF_FAULT: unknown fault point {name!r}; known: {sorted(POINTS)}")
+        if name not in POINTS and name not in PROCESS_POINTS:
+            known = sorted({**POINTS, **PROCESS_POINTS})
+            raise ValueError(f"JAXOFF_FAULT: unknown fault point {name!r}; known: {known}")
         armed[name] = int(n or 1)
     return armed
 
@@ -45,7 +53,9 @@ def _parse(spec: str) -> dict[str, int]:
 def _points() -> dict[str, int]:
     global _armed
     if _armed is None:
-        _armed = _parse(os.environ.get("JAXOFF_FAULT", ""))
+        only = os.environ.get("JAXOFF_FAULT_PROCESS")
+        mine = only is None or only == os.environ.get("JAX_PROCESS_ID", "0")
+        _armed = _parse(os.environ.get("JAXOFF_FAULT", "") if mine else "")
     return _armed
 
 

@@ -60,12 +60,19 @@ def _io_bench() -> Command:
     return Command(IOBenchConfig, run, HELP["io-bench"])
 
 
+def _launch() -> Command:
+    from .distributed._launch import LaunchSpec, launch
+
+    return Command(LaunchSpec, launch, HELP["launch"])
+
+
 # name -> factory (imports stay lazy so `jaxoff --help` is fast)
 COMMANDS: dict[str, Callable[[], Command]] = {
     "train": _train,
     "compare": _compare,
     "io-bench": _io_bench,
     "plan": _plan,
+    "launch": _launch,
 }
 
 
@@ -75,6 +82,8 @@ HELP: dict[str, str] = {
     "compare": "compare remat/offload policies or strategies: memory, host bytes, FLOPs, time",
     "io-bench": "measure the async I/O engine (and fio); --tune picks knobs",
     "plan": "choose remat/offload/placement under memory budgets",
+    "launch": "run a command in N processes on this machine (jax.distributed), e.g. "
+    "launch --processes 2 -- train --fsdp 4",
 }
 
 
@@ -211,7 +220,20 @@ def _os_error(e: BaseException) -> OSError | None:
     return None
 
 
-def _run(name: str, command: Command, rest: list[str], debug: bool) -> None:
+def _run(name: str, command: Command, rest: list[str], debug: bool) -> int:
+    if name == "launch":  # its options, then `--` and the command it runs in each process
+        from .distributed._launch import parse_launch_args
+
+        return command.run(parse_launch_args(rest))
+    from .distributed import initialize_from_env
+
+    if name == "train":
+        initialize_from_env()  # before anything touches a device
+    elif int(os.environ.get("JAX_NUM_PROCESSES", "1") or 1) > 1:
+        raise UsageError(
+            f"JAX_NUM_PROCESSES is set: only jaxoff train runs across processes; run {name} "
+            f"in one process (unset JAX_NUM_PROCESSES)"
+        )
     config_path, rest = _pop_config(rest)
     if config_path is not None and command.load_file is None:
         raise UsageError(
@@ -225,6 +247,7 @@ def _run(name: str, command: Command, rest: list[str], debug: bool) -> None:
     if hasattr(config, "validate"):
         config = config.validate()
     command.run(config)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prefix = f"jaxoff {name}: error:"
     try:
-        _run(name, COMMANDS[name](), rest, debug)
+        code = _run(name, COMMANDS[name](), rest, debug)
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
@@ -287,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return code
 
 
 def _one_line(e: BaseException | str) -> str:

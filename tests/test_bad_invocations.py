@@ -107,6 +107,12 @@ CASES = [
     ),
     (["compare", "--steps", "x"], ["--steps", "'x' is not an integer"]),
     (["compare", "--config", "unknown_key.toml"], ["--config is an option of jaxoff train"]),
+    # launch
+    (["launch", "--processes", "0", "--", "train"], ["--processes must be at least 1, got 0"]),
+    (["launch", "--processes", "2"], ["nothing to launch", "--"]),
+    (["launch", "--foo", "--", "train"], ["unknown option --foo for launch"]),
+    (["launch", "--", "launch", "--", "train"], ["launch"]),
+    (["launch", "--devices-per-process", "x", "--", "train"], ["--devices-per-process"]),
     # plan
     (["plan", "--model", "huge"], ["--model 'huge' is not a known size"]),
     (["plan", "--model", "tiny", "--hardware", "abacus"], ["--hardware 'abacus'"]),

@@ -189,7 +189,6 @@ def test_fsdp_mesh_host_params_streamed():
         (dict(placement="host_everything"), "not known"),
         (dict(placement="host_opt", fsdp=3, batch_size=4), "does not split"),
         (dict(placement="host_opt", fsdp=64), "sees 4 device"),
-        (dict(placement="host_params", fsdp=2, store="auto"), "--fsdp 1"),
     ],
 )
 def test_bad_combinations_are_config_errors(tmp_path, kwargs, match):

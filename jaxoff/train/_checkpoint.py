@@ -31,14 +31,25 @@ class Checkpoints:
     is streamed chunk by chunk into ``<out_dir>/checkpoints_paged/<step>`` first, the orbax
     checkpoint of the same step second; the step counts as saved once ``checksums.json`` is in
     its orbax directory (see ``_checksums``), and only then are old checkpoints removed.
+
+    Under several processes every process writes its paged state to
+    ``checkpoints_paged/<step>/process-<i>`` and its shards of the orbax checkpoint (orbax's
+    multi-process save); once all have (a barrier), process 0 alone records the checksums of
+    every part: the step counts as saved for all processes or for none. ``sharded``: the
+    optimizer state is each process's own (FSDP with a paged optimizer), so orbax saves the
+    step and the parameters only.
     """
 
-    def __init__(self, out_dir: Path, keep: int, tx=None):
+    def __init__(self, out_dir: Path, keep: int, tx=None, *, sharded: bool = False):
+        import jax
+
         self.out_dir = Path(out_dir).absolute()
         self.directory = self.out_dir / "checkpoints"
         self.paged_directory = self.out_dir / "checkpoints_paged"
         self.keep = keep
         self._tx = tx if _is_paged(tx) else None
+        self.sharded = sharded
+        self.process, self.processes = jax.process_index(), jax.process_count()
         _quiet_orbax_disk_full()
         # retention is ours (max_to_keep=None): orbax would delete the previous checkpoint
         # before this one has its checksums, i.e. before it counts as saved
@@ -56,27 +67,47 @@ class Checkpoints:
     def paged(self) -> bool:
         return self._tx is not None
 
+    def paged_part(self, step: int, process: int | None = None) -> Path:
+        """Where the paged optimizer state of ``step`` (of ``process``: default this one)
+        is saved."""
+        if self.processes == 1:
+            return self.paged_directory / str(step)
+        process = self.process if process is None else process
+        return self.paged_directory / str(step) / f"process-{process}"
+
     def save(self, step: int, state) -> None:
         """Writes checkpoint ``step``; a full disk raises a one-line :class:`JaxoffError`."""
+        from ..distributed import barrier
+
         try:
             if self.paged:
                 from ..optim import save_paged
 
-                save_paged(self._tx, state.opt_state, self.paged_directory / str(step))
+                save_paged(self._tx, state.opt_state, self.paged_part(step))
             _faults.point("checkpoint.orbax")
+            if self.sharded:
+                state = state._replace(opt_state=None)  # each process's own, in its part
             self._manager.save(step, args=ocp.args.StandardSave(state))
             self._manager.wait_until_finished()
-            write_checksums(
-                self.out_dir,
-                self.directory / str(step),
-                [self.paged_directory / str(step) / "paged.json"],
-            )
+            if self.processes > 1:
+                _faults.point("checkpoint.parts")
+                barrier(f"jaxoff-checkpoint-{step}-parts")
+            if self.process == 0:
+                parts = [self.paged_part(step, p) / "paged.json" for p in range(self.processes)]
+                write_checksums(self.out_dir, self.directory / str(step), parts)
         except (OSError, ValueError, JaxoffError) as e:
             full = disk_full_error(e, step, self.directory / str(step))
             if full is None:
                 raise
             raise full from None
+        if self.process != 0:
+            barrier(f"jaxoff-checkpoint-{step}-done")
+            return
         _faults.point("checkpoint.done")
+        self._remove_old()
+        barrier(f"jaxoff-checkpoint-{step}-done")
+
+    def _remove_old(self) -> None:
         complete = complete_steps(self.directory)
         for old in complete[: -self.keep]:
             self.discard(old)
@@ -91,6 +122,8 @@ class Checkpoints:
         self._manager.reload()
 
     def restore(self, step: int, abstract_state):
+        if self.sharded:
+            abstract_state = abstract_state._replace(opt_state=None)
         return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
     def restore_paged(self, tx, step: int, params):
@@ -102,7 +135,7 @@ class Checkpoints:
         from ..aio import PageStoreCorruptError
         from ..optim import restore_paged
 
-        directory = self.paged_directory / str(step)
+        directory = self.paged_part(step)
         if not directory.is_dir():
             raise ConfigError(
                 f"--resume: checkpoint {step} has no paged optimizer state in {directory}; "
@@ -211,6 +244,19 @@ def check_resumable(out_dir: Path, config: dict, allowed_changes: frozenset[str]
             f"--resume: {saved_path} is unreadable ({e}); restore it or start again with "
             f"--overwrite"
         ) from None
+    saved.setdefault("processes", 1)  # written before runs spanned processes
+    if saved["processes"] != config.get("processes", 1):
+        n = saved["processes"]
+        raise ConfigError(
+            f"--resume: the run in {out_dir} was trained by {n} process(es), this is "
+            f"{config.get('processes', 1)}: each process's page store and checkpoint part "
+            f"hold its own FSDP blocks, which another process count would cut differently; "
+            + (
+                f"resume it with jaxoff launch --processes {n} -- train ..."
+                if n > 1
+                else "resume it in one process (without jaxoff launch)"
+            )
+        )
     changed = sorted(
         k
         for k in set(saved) | set(config)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import typing
 from pathlib import Path
 from typing import Literal
 
+import jax
 import optax
 
 from .._errors import ConfigError
@@ -147,6 +149,11 @@ class TrainConfig:
         from ..placement import check_placement, make_mesh
 
         make_mesh(self.fsdp)  # raises ConfigError when the devices are not there
+        if jax.process_count() > 1 and self.fsdp != jax.device_count():
+            raise ConfigError(
+                f"--fsdp {self.fsdp}: under {jax.process_count()} processes the FSDP mesh "
+                f"spans every device of every process; pass --fsdp {jax.device_count()}"
+            )
         check_placement(
             self.placement,
             model,
@@ -166,11 +173,6 @@ class TrainConfig:
                 raise ConfigError(
                     f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
                     f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}"
-                )
-            if self.fsdp != 1:
-                raise ConfigError(
-                    "--store pages the optimizer state to disk from one device; it cannot be "
-                    "combined with --fsdp > 1 yet: pass --store none, or --fsdp 1"
                 )
         if self.data is not None and not Path(self.data).exists():
             raise ConfigError(f"--data {self.data}: no such file or directory")
@@ -215,7 +217,15 @@ class TrainConfig:
         """The page-store directory of the optimizer state, or ``None`` to keep it in RAM."""
         if self.store == "none":
             return None
-        return Path(self.out_dir) / "store" if self.store == "auto" else Path(self.store)
+        root = Path(self.out_dir) / "store" if self.store == "auto" else Path(self.store)
+        if jax.process_count() > 1:  # one store per process (on its host's disk)
+            return root / f"process-{jax.process_index()}"
+        return root
+
+    def sharded_store(self) -> bool:
+        """Whether the paged optimizer pages FSDP blocks (``--store`` with ``--fsdp`` > 1,
+        one store per process; see ``jaxoff.distributed``)."""
+        return self.store_dir() is not None and self.fsdp > 1
 
     def resolved_placement(self):
         """The ``jaxoff.placement.Placement`` of this run: ``--placement``, with the optimizer
@@ -241,6 +251,14 @@ class TrainConfig:
 
     def build_optimizer(self) -> optax.GradientTransformation:
         """The optax chain: optional global-norm clipping, then the optimizer."""
+        pre, tx = self.build_optimizer_parts()
+        return tx if pre is None else optax.chain(pre, tx)
+
+    def build_optimizer_parts(self):
+        """``(clipping or None, the rest)``; the rest is paged when ``--store`` pages. With
+        ``--store`` the clipping is inside the paged transformation (it splits it off and
+        runs it on the gradients in RAM), except for FSDP blocks (:meth:`sharded_store`):
+        there the clipping must see the global gradients, so it is returned apart."""
         lr = self.schedule()
         make = {
             "adamw": lambda: optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=self.weight_decay),
@@ -252,19 +270,21 @@ class TrainConfig:
         if self.optimizer not in make:
             raise ConfigError(f"--optimizer must be one of {', '.join(make)}")
         tx = make[self.optimizer]()
-        if self.clip_norm > 0:
-            tx = optax.chain(optax.clip_by_global_norm(self.clip_norm), tx)
+        pre = optax.clip_by_global_norm(self.clip_norm) if self.clip_norm > 0 else None
         store = self.store_dir()
-        if store is not None:
-            from ..optim import paged
+        if store is None:
+            return pre, tx
+        from ..optim import paged
 
+        if pre is not None and not self.sharded_store():
             # the leading clip is split off and runs on the gradients in RAM
-            tx = paged(tx, store, chunk_bytes=self.chunk_mib << 20, slots=self.store_slots)
-        return tx
+            tx, pre = optax.chain(pre, tx), None
+        return pre, paged(tx, store, chunk_bytes=self.chunk_mib << 20, slots=self.store_slots)
 
     def to_json(self) -> dict:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["model"] = self.model_label()
+        values["processes"] = jax.process_count()  # a run resumes on as many processes
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
 
 
@@ -326,7 +346,7 @@ def _check_writable(path: Path, option: str, alternative: str) -> None:
         )
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-probe"
+        probe = path / f".write-probe-{os.getpid()}"  # processes of one run probe at once
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:

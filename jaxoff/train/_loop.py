@@ -10,10 +10,12 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 
 from .. import _faults
 from .._errors import JaxoffError
 from ..aio import file_table_stats
+from ..distributed import ShardedPagedStep, ShardedParams, init_sharded
 from ..placement import (
     abstract_with,
     fetch_params,
@@ -68,13 +70,29 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     if model is not None:
         cfg = dataclasses.replace(cfg, model=model)
     cfg = cfg.validate()
+    if jax.process_index() != 0:  # process 0 holds the run's lock and prepares its directory
+        cfg = dataclasses.replace(cfg, progress=False)
+        return _train_locked(cfg)
     with RunLock(cfg.out_dir):  # before anything in the run directory is read or deleted
         return _train_locked(cfg)
 
 
+def _prepare(cfg: TrainConfig) -> int | None:
+    """`prepare_out_dir` in process 0; every process gets its answer (the step to resume
+    from), once process 0 is done with the run directory."""
+    from ..distributed import barrier, broadcast_int
+
+    step = prepare_out_dir(cfg) if jax.process_index() == 0 else None
+    if jax.process_count() == 1:
+        return step
+    barrier("jaxoff-prepared")
+    step = broadcast_int(-1 if step is None else step)
+    return None if step < 0 else step
+
+
 def _train_locked(cfg: TrainConfig) -> TrainResult:
     out = Path(cfg.out_dir)
-    restore_from = prepare_out_dir(cfg)
+    restore_from = _prepare(cfg)
     if restore_from is not None and restore_from >= cfg.steps:  # before anything is built
         say(
             f"the run in {out} is complete at step {restore_from} of {cfg.steps}; nothing to "
@@ -88,25 +106,45 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
     batches = Batches(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
     val_batches = Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
 
-    tx = cfg.build_optimizer()
+    pre, tx = cfg.build_optimizer_parts()
+    sharded = cfg.sharded_store()
+    if not sharded and pre is not None:
+        tx, pre = optax.chain(pre, tx), None
     try:
         mesh = cfg.mesh()
         placement = cfg.resolved_placement()
         model_cfg = streamed_model(cfg.model_config(), placement, mesh)
-        ckpts = Checkpoints(out, cfg.keep_checkpoints, tx)
+        ckpts = Checkpoints(out, cfg.keep_checkpoints, tx, sharded=sharded)
         try:
             if cfg.resume and cfg.store_dir() is not None:
                 heal_store(cfg, restore_from)
-            if restore_from is not None:
-                start, state, graphdef = _restore(
+            if sharded:
+                start, state, graphdef, shardings = _start_sharded(
                     cfg, ckpts, tx, model_cfg, placement, mesh, restore_from
                 )
+                step_fn = ShardedPagedStep(graphdef, pre, tx, shardings, mesh, placement)
             else:
-                start = 0
-                graphdef, state = init_state(model_cfg, tx, cfg.seed)
-            trim_metrics(out / "metrics.jsonl", start)
+                if restore_from is not None:
+                    start, state, graphdef = _restore(
+                        cfg, ckpts, tx, model_cfg, placement, mesh, restore_from
+                    )
+                else:
+                    start = 0
+                    graphdef, state = init_state(model_cfg, tx, cfg.seed)
+                step_fn = None
+            trim_metrics(metrics_path(out), start)
             records = _loop(
-                cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_batches
+                cfg,
+                ckpts,
+                tx,
+                graphdef,
+                state,
+                start,
+                placement,
+                mesh,
+                batches,
+                val_batches,
+                step_fn,
             )
         finally:
             _close_quietly(ckpts.close)
@@ -136,16 +174,77 @@ def _restore(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step: int)
             step = pick_step(cfg)
 
 
-def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_batches):
+def _start_sharded(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step: int | None):
+    """``(start, state, graphdef, shardings)`` of FSDP with a paged optimizer: a new state,
+    or checkpoint ``step`` (its parameters from orbax, this process's paged part into its
+    store)."""
+    graphdef, state, shardings = init_sharded(
+        model_cfg, tx, cfg.seed, mesh, init_opt=step is None, placement=placement
+    )
+    if step is None:
+        return 0, state, graphdef, shardings
+    while True:
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+            state._replace(opt_state=None),
+        )
+        restored = ckpts.restore(step, abstract)
+        local = ShardedParams(restored.params, shardings).to_local(restored.params)
+        try:
+            opt_state = ckpts.restore_paged(tx, step, local)
+            return step, restored._replace(opt_state=opt_state), graphdef, shardings
+        except CheckpointDamagedError as e:
+            if jax.process_count() > 1:  # the processes would fall back apart: refuse
+                raise CheckpointDamagedError(
+                    f"--resume: process {jax.process_index()}'s part of checkpoint {step} is "
+                    f"damaged: {e}; remove checkpoint {step} (checkpoints/{step} and "
+                    f"checkpoints_paged/{step}) to resume every process from the one before"
+                ) from None
+            reject(cfg, step, e)
+            ckpts.discard(step)
+            step = pick_step(cfg)
+
+
+def metrics_path(out: Path) -> Path:
+    """The metrics log of this process: ``metrics.jsonl`` (process 0) or
+    ``metrics.process-<i>.jsonl``."""
+    p = jax.process_index()
+    return out / ("metrics.jsonl" if p == 0 else f"metrics.process-{p}.jsonl")
+
+
+def _global_batches(batches: Batches, mesh):
+    """``batches`` as global token arrays when several processes feed one mesh (each holds
+    the whole batch, as the data is the same everywhere, and gives its devices' rows)."""
+    if jax.process_count() == 1:
+        return batches
+    from ..distributed import from_host
+    from ..placement import batch_sharding
+
+    sharding = batch_sharding(mesh)
+    return lambda i: tuple(from_host(x, sharding) for x in batches(i))
+
+
+def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_batches, step_fn):
     t0 = time.perf_counter()
-    step_fn, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, mesh)
-    state = jax.device_put(state, shardings)
-    step_fn = step_fn.lower(state, *batches(start)).compile()
+    batches = _global_batches(batches, mesh)
+    val_batches = _global_batches(val_batches, mesh)
+    if step_fn is not None:
+        step_fn = step_fn.compile(state, *batches(start))
+    else:
+        train_step = make_train_step(graphdef, tx, placement)
+        step_fn, shardings = jit_step(train_step, placement, state, mesh)
+        if jax.process_count() > 1:
+            from ..distributed import from_host
+
+            state = jax.tree.map(from_host, state, shardings)
+        else:
+            state = jax.device_put(state, shardings)
+        step_fn = step_fn.lower(state, *batches(start)).compile()
     compile_s = time.perf_counter() - t0
     eval_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
 
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
-    log = MetricsLog(Path(cfg.out_dir) / "metrics.jsonl")
+    log = MetricsLog(metrics_path(Path(cfg.out_dir)))
     records: list[dict] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
     loop_start = time.perf_counter()
@@ -178,6 +277,7 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
                     "disk_read_gbps": (io1[0] - io0[0]) / dt / 1e9,
                     "disk_write_gbps": (io1[1] - io0[1]) / dt / 1e9,
                     **io_split.record(split0, dt),
+                    **getattr(step_fn, "split", {}),  # FSDP with a paged optimizer: phases
                 }
                 if step == start + 1:
                     record["compile_s"] = compile_s

@@ -16,7 +16,10 @@ from ._config import RESUMABLE_CHANGES, TrainConfig
 
 def say(message: str) -> None:
     """One line for the user, on stderr (whether or not the progress display is on)."""
-    print(f"jaxoff train: {message}", file=sys.stderr, flush=True)
+    import jax
+
+    who = f"jaxoff train [process {jax.process_index()}]" if jax.process_count() > 1 else ""
+    print(f"{who or 'jaxoff train'}: {message}", file=sys.stderr, flush=True)
 
 
 def prepare_out_dir(cfg: TrainConfig) -> int | None:
@@ -52,10 +55,12 @@ def prepare_out_dir(cfg: TrainConfig) -> int | None:
             )
         for name in ("metrics.jsonl", "config.json"):
             (out / name).unlink(missing_ok=True)
+        for path in out.glob("metrics.process-*.jsonl"):  # of a run over several processes
+            path.unlink()
         shutil.rmtree(ckpt_dir, ignore_errors=True)
         shutil.rmtree(out / "checkpoints_paged", ignore_errors=True)
-        if cfg.store == "auto":  # the run's own store goes with it
-            shutil.rmtree(cfg.store_dir(), ignore_errors=True)
+        if cfg.store == "auto":  # the run's own store (all processes' stores) goes with it
+            shutil.rmtree(out / "store", ignore_errors=True)
     config_path.write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True))
     return None
 

@@ -1,0 +1,29 @@
+"""Training across processes: jax.distributed, one page store per process, a local launcher."""
+
+from ._runtime import (
+    ENV,
+    allgather_ints,
+    barrier,
+    broadcast_int,
+    initialize_from_env,
+    is_initialized,
+    process_count,
+    process_index,
+)
+from ._sharded import ShardedPagedStep, ShardedParams, from_host, init_sharded, local_box
+
+__all__ = [
+    "ENV",
+    "ShardedPagedStep",
+    "ShardedParams",
+    "allgather_ints",
+    "barrier",
+    "broadcast_int",
+    "from_host",
+    "init_sharded",
+    "initialize_from_env",
+    "is_initialized",
+    "local_box",
+    "process_count",
+    "process_index",
+]

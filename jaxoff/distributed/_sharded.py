@@ -1,0 +1,216 @@
+"""FSDP training with a paged optimizer: each process pages the blocks it owns.
+
+Parameters and gradients are global arrays, sharded over a 1-D ``fsdp`` mesh that may span
+processes. A process's devices hold one contiguous block of every sharded leaf (the mesh
+lists devices process by process), so its page store holds the optimizer state and master
+weights of that block only: optax's element-wise update of a block is the update of the
+whole leaf restricted to it. One step is:
+
+1. gradients of the global batch (one jitted SPMD program over the mesh; collectives cross
+   processes), then the global ops of the chain (``clip_by_global_norm``) on the global
+   gradients, and their norm;
+2. per process, its blocks of the gradients and parameters (a host copy of its shards), the
+   paged update of those blocks from its own store (``jaxoff.paged``'s pipeline, on one local
+   device), and its new parameter blocks put back as shards of the global parameters.
+
+A step's store versions are each process's own; what every process agrees on is the
+checkpoint (see ``jaxoff.train``): it counts once every process wrote its part of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .._state import TrainState
+
+
+def local_box(shape: tuple[int, ...], sharding) -> tuple[slice, ...]:
+    """The block of a global array of ``shape`` that this process's devices hold."""
+    indices = list(sharding.addressable_devices_indices_map(shape).values())
+    box = []
+    for d, n in enumerate(shape):
+        spans = [_span(index[d], n) for index in indices]
+        box.append(slice(min(s[0] for s in spans), max(s[1] for s in spans)))
+    return tuple(box)
+
+
+def _span(s: slice, n: int) -> tuple[int, int]:
+    start, stop, _ = s.indices(n)
+    return start, stop
+
+
+def _relative(index: tuple[slice, ...], box: tuple[slice, ...], shape) -> tuple[slice, ...]:
+    out = []
+    for s, b, n in zip(index, box, shape, strict=True):
+        start, stop = _span(s, n)
+        out.append(slice(start - b.start, stop - b.start))
+    return tuple(out)
+
+
+def to_local(x: jax.Array, box: tuple[slice, ...]) -> np.ndarray:
+    """This process's block ``box`` of global array ``x``, as one host array."""
+    shape = tuple(x.shape)
+    out = np.empty(tuple(b.stop - b.start for b in box), x.dtype)
+    seen = set()
+    for shard in x.addressable_shards:
+        key = tuple(_span(s, n) for s, n in zip(shard.index, shape, strict=True))
+        if key in seen:  # a replica of a block already copied
+            continue
+        seen.add(key)
+        out[_relative(shard.index, box, shape)] = np.asarray(shard.data)
+    covered = sum(int(np.prod([b - a for a, b in key])) for key in seen)
+    if covered != out.size:
+        raise ValueError(
+            f"the shards of an array of shape {shape} on this process do not tile one block "
+            f"({covered} of {out.size} elements): jaxoff pages FSDP blocks of a 1-D mesh "
+            f"whose devices are listed process by process"
+        )
+    return out
+
+
+def to_global(local, shape: tuple[int, ...], sharding, box: tuple[slice, ...]) -> jax.Array:
+    """The global array of ``shape`` whose block ``box`` on this process is ``local``."""
+    local = np.asarray(local)
+    return jax.make_array_from_callback(
+        shape, sharding, lambda index: local[_relative(index, box, shape)]
+    )
+
+
+def from_host(x, sharding) -> jax.Array:
+    """A global array from a host array every process holds whole (the same everywhere)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+class ShardedParams:
+    """Where each parameter leaf lives: its global shape, sharding and this process's block."""
+
+    def __init__(self, params, shardings):
+        self.treedef = jax.tree.structure(params)
+        leaves = jax.tree.leaves(params)
+        self.shapes = [tuple(np.shape(x)) for x in leaves]
+        self.shardings = jax.tree.leaves(shardings)
+        self.boxes = [local_box(s, sh) for s, sh in zip(self.shapes, self.shardings, strict=True)]
+
+    def to_local(self, tree):
+        leaves = jax.tree.leaves(tree)
+        return self.treedef.unflatten(
+            [to_local(x, b) for x, b in zip(leaves, self.boxes, strict=True)]
+        )
+
+    def to_global(self, tree):
+        leaves = self.treedef.flatten_up_to(tree)
+        return self.treedef.unflatten(
+            [
+                to_global(x, s, sh, b)
+                for x, s, sh, b in zip(leaves, self.shapes, self.shardings, self.boxes, strict=True)
+            ]
+        )
+
+
+def global_norm(tree) -> jax.Array:
+    from ..placement._apply import global_norm as norm
+
+    return norm(tree)
+
+
+class ShardedPagedStep:
+    """``step(state, inputs, targets) -> (state, metrics)`` for FSDP with a paged optimizer.
+
+    ``state.params`` are global arrays with ``shardings``; ``state.opt_state`` is this
+    process's `jaxoff.paged` state (of its blocks, in its own store); ``inputs``/``targets``
+    are global token arrays. ``pre``: the chain's global ops (``clip_by_global_norm``), run
+    on the global gradients; ``tx``: the paged element-wise rest.
+    """
+
+    def __init__(self, graphdef, pre, tx, shardings, mesh, placement=None):
+        from ..optim import update_and_apply
+        from ..placement import batch_sharding, fetch_params
+        from ..placement._apply import move
+        from ..step import make_loss_fn
+
+        # host parameters are fetched (or streamed layer by layer) as in the one-device step
+        loss_fn = make_loss_fn(graphdef, fetch_params(placement))
+        self.layout: ShardedParams | None = None
+        self.split: dict[str, float] = {}
+        self._shardings = shardings
+        rep = NamedSharding(mesh, PartitionSpec())
+        tokens = batch_sharding(mesh)
+        grad_shardings = jax.tree.map(lambda sh: sh.with_memory_kind("device"), shardings)
+
+        def grads(step, params, inputs, targets):
+            loss, g = jax.value_and_grad(loss_fn)(params, inputs, targets)
+            g = move(g, "device")  # streamed layers' gradients come back in host memory
+            norm = global_norm(g)
+            if pre is not None:
+                g, _ = pre.update(g, pre.init(move(params, "device")), params)
+            return step + 1, loss, g, norm
+
+        self._grads = jax.jit(
+            grads,
+            in_shardings=(rep, shardings, tokens, tokens),
+            out_shardings=(rep, rep, grad_shardings, rep),
+        )
+        self._update = jax.jit(functools.partial(update_and_apply, tx), donate_argnums=(1, 2))
+        self._device = jax.local_devices()[0]
+
+    def compile(self, state: TrainState, inputs, targets) -> ShardedPagedStep:
+        """Compiles the gradient program (the local update compiles at its first call)."""
+        self._grads = self._grads.lower(state.step, state.params, inputs, targets).compile()
+        return self
+
+    def __call__(self, state: TrainState, inputs, targets):
+        """One step; ``self.split`` then holds its phases' wall times in seconds: the
+        gradient program (``grads_s``, collectives included), copying this process's blocks
+        out (``blocks_out_s``), the paged update (``local_update_s``, its disk I/O included)
+        and the new blocks back into global arrays (``blocks_in_s``)."""
+        if self.layout is None:
+            self.layout = ShardedParams(state.params, self._shardings)
+        t0 = time.perf_counter()
+        step, loss, grads, norm = self._grads(state.step, state.params, inputs, targets)
+        jax.block_until_ready(grads)
+        t1 = time.perf_counter()
+        local_g = jax.device_put(self.layout.to_local(grads), self._device)
+        local_p = jax.device_put(self.layout.to_local(state.params), self._device)
+        del grads
+        t2 = time.perf_counter()
+        new_p, opt_state = self._update(local_g, state.opt_state, local_p)
+        jax.block_until_ready((new_p, opt_state))
+        t3 = time.perf_counter()
+        params = self.layout.to_global(new_p)
+        t4 = time.perf_counter()
+        self.split = {
+            "grads_s": t1 - t0,
+            "blocks_out_s": t2 - t1,
+            "local_update_s": t3 - t2,
+            "blocks_in_s": t4 - t3,
+        }
+        return TrainState(step, params, opt_state), {"loss": loss, "grad_norm": norm}
+
+
+def init_sharded(model_cfg, tx, seed: int, mesh, init_opt: bool = True, placement=None):
+    """``(graphdef, TrainState, shardings)``: the model built from ``seed`` (the same in
+    every process), its parameters as global arrays FSDP-sharded on ``mesh``, and ``tx``'s
+    state of this process's blocks (``tx.init`` pages them into its store; ``None`` without
+    ``init_opt``, for a restore that writes the store from a checkpoint). ``placement``:
+    where the parameters live (their memory kind)."""
+    from flax import nnx
+
+    from ..placement import get_placement
+    from ..placement._shardings import tree_shardings
+
+    placement = get_placement(placement)
+    model = model_cfg.build(nnx.Rngs(seed))
+    graphdef, params = nnx.split(model, nnx.Param)
+    shardings = tree_shardings(params, placement.memory_kind(placement.params), mesh)
+    params = jax.tree.map(from_host, params, shardings)
+    layout = ShardedParams(params, shardings)
+    rep = NamedSharding(mesh, PartitionSpec())
+    step = from_host(np.zeros((), np.int32), rep)
+    opt_state = tx.init(layout.to_local(params)) if init_opt else None
+    return graphdef, TrainState(step, params, opt_state), shardings
