@@ -75,6 +75,10 @@ def _initial_params() -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(nnx.split(model, nnx.Param)[1])]
 
 
+def _max_rel(rows: list[dict], ref: list[dict], key: str) -> float:
+    return max(abs(r[key] - s[key]) / abs(s[key]) for r, s in zip(rows, ref, strict=True))
+
+
 def main(a: Args) -> dict:
     variants = {
         "two": (2, "--store", "auto"),
@@ -97,7 +101,9 @@ def main(a: Args) -> dict:
             records[name] = _record(Path(tmp) / name, a.steps)
             print(f"{name}: trained", flush=True)
     ref_metrics, ref_params = records["two"]
-    moved = max(float(np.abs(b - i).max()) for i, b in zip(_initial_params(), ref_params))
+    moved = max(
+        float(np.abs(b - i).max()) for i, b in zip(_initial_params(), ref_params, strict=True)
+    )
     result = {
         "command": "python bench/distributed_equivalence.py " + " ".join(sys.argv[1:]),
         "steps": a.steps,
@@ -108,14 +114,11 @@ def main(a: Args) -> dict:
     for name in ("plain", "one", "streamed"):
         metrics, params = records[name]
         diff = max(float(np.abs(x - y).max()) for x, y in zip(params, ref_params, strict=True))
-        rel = lambda k: max(  # noqa: E731
-            abs(r[k] - s[k]) / abs(s[k]) for r, s in zip(metrics, ref_metrics, strict=True)
-        )
         row = {
             "max_parameter_difference": diff,
             "difference_over_largest_move": diff / moved,
-            "max_relative_loss_difference": rel("loss"),
-            "max_relative_grad_norm_difference": rel("grad_norm"),
+            "max_relative_loss_difference": _max_rel(metrics, ref_metrics, "loss"),
+            "max_relative_grad_norm_difference": _max_rel(metrics, ref_metrics, "grad_norm"),
             "bitwise_equal_losses": sum(
                 r["loss"] == s["loss"] for r, s in zip(metrics, ref_metrics, strict=True)
             ),

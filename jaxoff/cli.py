@@ -252,7 +252,24 @@ def _run(name: str, command: Command, rest: list[str], debug: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs ``jaxoff <command> [options]``; returns the exit status (0: done, 2: bad input,
-    1: the file system failed or a bug, 130: interrupted)."""
+    1: the file system failed or a bug, 130: interrupted).
+
+    A process of a multi-process run that fails exits at once with its status: at exit,
+    ``jax.distributed`` would otherwise wait for the other processes (which may be waiting
+    for this one) and then abort, burying the one-line error. The launcher (or the cluster's)
+    then stops the others."""
+    code = _main(argv)
+    if code != 0 and "jax" in sys.modules:
+        import jax
+
+        if jax.distributed.is_initialized() and jax.process_count() > 1:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug, argv = _pop_debug(argv)
     if not argv or argv[0] in ("-h", "--help"):

@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -51,14 +52,26 @@ class Runner:
             env["JAXOFF_FAULT"], env["JAXOFF_FAULT_PROCESS"] = fault, str(process)
         return env
 
-    def run(self, run: Path, *extra, processes=2, fault=None, process=None):
+    def cmd(self, run: Path, *extra, processes=2) -> list[str]:
         train = ["train", *ARGS, "--out-dir", str(run), *extra]
         if processes > 1:
             launch = ["launch", "--processes", str(processes), "--devices-per-process"]
             train = [*launch, str(4 // processes), "--grace", "2", "--", *train]
+        return [sys.executable, "-m", "jaxoff", *train]
+
+    def start(self, run: Path, *extra) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.cmd(run, *extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env(),
+        )
+
+    def run(self, run: Path, *extra, processes=2, fault=None, process=None):
         try:
             return subprocess.run(
-                [sys.executable, "-m", "jaxoff", *train],
+                self.cmd(run, *extra, processes=processes),
                 capture_output=True,
                 text=True,
                 timeout=HANG_S,
@@ -300,6 +313,40 @@ def test_sigkill_of_one_process_at_ten_points_then_resume_is_bitwise(runner, two
     Record.of(run).assert_equals(want)
 
 
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sigkill_of_one_process_at_a_random_time_then_resume_is_bitwise(
+    runner, two, tmp_path, seed
+):
+    """One of the two training processes killed at a random moment after a random number
+    of steps (its pid found among the launcher's children), then ``--resume``."""
+    _, want = two
+    run, rng = tmp_path / "run", random.Random(seed)
+    after, delay = rng.randint(1, STEPS // 2), rng.uniform(0.0, 0.3)
+    launcher = runner.start(run, "--store", "auto")
+    metrics = run / "metrics.jsonl"
+    while launcher.poll() is None and (
+        not metrics.exists() or len(metrics.read_text().splitlines()) < after
+    ):
+        time.sleep(0.05)
+    time.sleep(delay)
+    children = _children(launcher.pid)
+    assert len(children) == 2 and launcher.poll() is None, "the run ended before the kill"
+    victim = rng.choice(children)
+    os.kill(victim, signal.SIGKILL)
+    _, err = launcher.communicate(timeout=HANG_S)
+    assert launcher.returncode == 128 + signal.SIGKILL, err
+    assert "was killed by SIGKILL" in err, err
+    _ok(runner.run(run, "--store", "auto", "--resume"))
+    Record.of(run).assert_equals(want)
+
+
 # --- refused: a damaged part of one process, another process count ----------------------------
 
 
@@ -315,17 +362,23 @@ def test_a_damaged_part_and_another_process_count_are_refused(runner, two, tmp_p
     assert "trained by 2 process(es), this is 1" in proc.stderr
     assert "jaxoff launch --processes 2" in proc.stderr
 
-    # process 1's paged part of the newest checkpoint damaged: refused, never mixed (the
-    # last checkpoint removed first, so that the run has steps left to resume)
-    for sub in ("checkpoints", "checkpoints_paged"):
-        shutil.rmtree(run / sub / str(STEPS))
-    newest = STEPS - 2
+    # process 1's paged part of the newest checkpoint damaged: refused, never mixed. A run
+    # stopped at step 6 that keeps three checkpoints (2, 4, 6): steps left, one to fall to.
+    run = tmp_path / "stopped"
+    _ok(runner.run(run, "--store", "auto", "--stop-at", "6", "--keep-checkpoints", "3"))
+    newest = 6
     page = max((run / "checkpoints_paged" / str(newest) / "process-1").glob("*.page"),
                key=lambda p: p.stat().st_size)  # fmt: skip
     data = bytearray(page.read_bytes())
     data[len(data) // 2] ^= 1
     page.write_bytes(bytes(data))
     proc = runner.run(run, "--store", "auto", "--resume")
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr  # the damaged process's one line, at once
     assert f"checkpoint {newest}" in proc.stderr and "damaged" in proc.stderr, proc.stderr
     assert "process-1" in proc.stderr, proc.stderr
+    assert (run / "checkpoints" / str(newest)).is_dir()  # refused: nothing removed
+
+    # --resume-fallback: every process goes back to the checkpoint before, together
+    err = _ok(runner.run(run, "--store", "auto", "--resume", "--resume-fallback"))
+    assert f"checkpoint {newest}: the paged part of process(es) 1 is damaged" in err, err
+    Record.of(run).assert_equals(want)

@@ -121,6 +121,10 @@ class Checkpoints:
         remove_step(self.out_dir, step)
         self._manager.reload()
 
+    def reload(self) -> None:
+        """Re-reads which steps exist (after another process removed some)."""
+        self._manager.reload()
+
     def restore(self, step: int, abstract_state):
         if self.sharded:
             abstract_state = abstract_state._replace(opt_state=None)

@@ -188,21 +188,57 @@ def _start_sharded(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
             state._replace(opt_state=None),
         )
-        restored = ckpts.restore(step, abstract)
+        restored = ckpts.restore(step, abstract)  # every process: orbax restores together
         local = ShardedParams(restored.params, shardings).to_local(restored.params)
+        error = None
         try:
             opt_state = ckpts.restore_paged(tx, step, local)
-            return step, restored._replace(opt_state=opt_state), graphdef, shardings
         except CheckpointDamagedError as e:
-            if jax.process_count() > 1:  # the processes would fall back apart: refuse
-                raise CheckpointDamagedError(
-                    f"--resume: process {jax.process_index()}'s part of checkpoint {step} is "
-                    f"damaged: {e}; remove checkpoint {step} (checkpoints/{step} and "
-                    f"checkpoints_paged/{step}) to resume every process from the one before"
-                ) from None
-            reject(cfg, step, e)
-            ckpts.discard(step)
-            step = pick_step(cfg)
+            error = e
+        damaged = _damaged_processes(error is not None)
+        if not damaged:
+            return step, restored._replace(opt_state=opt_state), graphdef, shardings
+        step = _fall_back(cfg, ckpts, step, error, damaged)
+
+
+def _damaged_processes(mine: bool) -> list[int]:
+    """The processes whose paged part of the checkpoint being restored is damaged."""
+    from ..distributed import allgather_ints
+
+    flags = allgather_ints([int(mine)])[:, 0]
+    return [p for p, bad in enumerate(flags) if bad]
+
+
+def _fall_back(cfg, ckpts: Checkpoints, step: int, error, damaged: list[int]) -> int:
+    """Checkpoint ``step`` has a damaged paged part in processes ``damaged``: refused (one
+    line), or with ``--resume-fallback`` removed, all processes going back together to the
+    newest intact checkpoint before it (chosen by process 0); returns that step."""
+    from ..distributed import barrier, broadcast_int
+
+    damaged_step = step
+    if jax.process_count() == 1:
+        reject(cfg, step, error)
+        ckpts.discard(step)
+        return pick_step(cfg)
+    if not cfg.resume_fallback:
+        if error is None:  # the damaged process says which file
+            raise JaxoffError(
+                f"--resume: checkpoint {step}: the paged part of process(es) "
+                f"{', '.join(map(str, damaged))} is damaged (see their message); pass "
+                f"--resume-fallback to resume every process from the checkpoint before it"
+            )
+        reject(cfg, step, error)  # raises, naming the file
+    if jax.process_index() == 0:
+        say(
+            f"checkpoint {step}: the paged part of process(es) "
+            f"{', '.join(map(str, damaged))} is damaged; removed it, every process falls "
+            f"back to the checkpoint before it"
+        )
+        ckpts.discard(step)
+        step = pick_step(cfg)
+    barrier(f"jaxoff-fallback-{damaged_step}")
+    ckpts.reload()  # orbax's list of steps, in every process
+    return broadcast_int(step if jax.process_index() == 0 else -1)
 
 
 def metrics_path(out: Path) -> Path:
