@@ -11,10 +11,11 @@ launcher set them: SLURM, mpirun) and run ``jaxoff train`` on each host.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
+import errno
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -220,15 +221,11 @@ def launch(spec: LaunchSpec, argv: list[str] | None = None) -> int:
 
     previous = _install_handlers(forward)
     try:
-        preexec = _die_with_parent()
+        wrapped = _dying_with_parent(argv)
         for i in range(spec.processes):
             # process_group=0: a Ctrl-C at the terminal reaches the launcher alone, which
             # passes it on once; in the terminal's group, each child would get it twice
-            procs.append(
-                subprocess.Popen(
-                    argv, env=child_env(spec, i, port), preexec_fn=preexec, process_group=0
-                )
-            )
+            procs.append(subprocess.Popen(wrapped, env=child_env(spec, i, port), process_group=0))
         return _supervise(procs, spec.grace_s, received)
     finally:
         # a failed start (OSError) or an exception while supervising leaves no child behind
@@ -289,21 +286,31 @@ def _install_handlers(handler: Callable) -> dict[int, object]:
     return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel SIGKILL the child when the launcher dies (Linux),
-    so a killed launcher leaves no training process behind. The kernel watches the thread
-    that started the child, so start children from one that lives as long as the launcher."""
+# Each child runs this first, then becomes its command: the kernel SIGKILLs it when the
+# launcher dies (Linux PR_SET_PDEATHSIG, kept across exec), so a killed launcher leaves no
+# training process behind. An exec wrapper, not a preexec_fn: a preexec_fn forks through
+# Python's at-fork hooks, which a multithreaded parent (JAX) warns against, and deadlock-prone.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)); "  # PR_SET_PDEATHSIG
+    "os.getppid() == int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGKILL); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def _dying_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` behind `_DIE_WITH_PARENT` (Linux; elsewhere ``argv`` itself). The kernel
+    watches the thread that started the child: start children from one that lives as long
+    as the launcher.
+
+    Raises:
+      FileNotFoundError: ``argv[0]`` is not a program (before anything starts).
+    """
+    if shutil.which(argv[0]) is None:
+        raise FileNotFoundError(errno.ENOENT, f"no such program: {argv[0]}", argv[0])
     if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
-    parent = os.getpid()
-
-    def set_pdeathsig() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return set_pdeathsig
+        return argv
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def _free_port() -> int:
