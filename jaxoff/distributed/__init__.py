@@ -6,9 +6,6 @@ from ._runtime import (
     barrier,
     broadcast_int,
     initialize_from_env,
-    is_initialized,
-    process_count,
-    process_index,
 )
 from ._sharded import ShardedPagedStep, ShardedParams, from_host, init_sharded, local_box
 
@@ -22,8 +19,5 @@ __all__ = [
     "from_host",
     "init_sharded",
     "initialize_from_env",
-    "is_initialized",
     "local_box",
-    "process_count",
-    "process_index",
 ]

@@ -292,7 +292,7 @@ def _install_handlers(handler: Callable) -> dict[int, object]:
 # Python's at-fork hooks, which a multithreaded parent (JAX) warns against, and deadlock-prone.
 _DIE_WITH_PARENT = (
     "import ctypes, os, signal, sys; "
-    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)); "  # PR_SET_PDEATHSIG
+    f"ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, int(signal.SIGKILL)); "
     "os.getppid() == int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGKILL); "
     "os.execvp(sys.argv[2], sys.argv[2:])"
 )

@@ -43,17 +43,12 @@ def initialize_from_env(environ=None) -> bool:
     pid = _int_var(env["JAX_PROCESS_ID"], "JAX_PROCESS_ID", minimum=0)
     if pid >= num:
         raise ConfigError(f"JAX_PROCESS_ID={pid} must be less than JAX_NUM_PROCESSES={num}")
-    if is_initialized():
+    if jax.distributed.is_initialized():
         return True
     # CPU collectives across processes (harmless where the devices are accelerators)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"], num_processes=num, process_id=pid)
     return True
-
-
-def is_initialized() -> bool:
-    """Whether ``jax.distributed.initialize`` has run in this process."""
-    return jax.distributed.is_initialized()
 
 
 def _int_var(raw: str, name: str, minimum: int) -> int:
@@ -64,14 +59,6 @@ def _int_var(raw: str, name: str, minimum: int) -> int:
     if value is None or value < minimum:
         raise ConfigError(f"{name}={raw!r} must be an integer of at least {minimum}")
     return value
-
-
-def process_index() -> int:
-    return jax.process_index()
-
-
-def process_count() -> int:
-    return jax.process_count()
 
 
 def barrier(name: str) -> None:

@@ -30,12 +30,25 @@ from .._state import TrainState
 
 
 def local_box(shape: tuple[int, ...], sharding) -> tuple[slice, ...]:
-    """The block of a global array of ``shape`` that this process's devices hold."""
+    """The block of a global array of ``shape`` that this process's devices hold.
+
+    Raises:
+      ValueError: their shards do not tile one block.
+    """
     indices = list(sharding.addressable_devices_indices_map(shape).values())
     box = []
     for d, n in enumerate(shape):
         spans = [_span(index[d], n) for index in indices]
         box.append(slice(min(s[0] for s in spans), max(s[1] for s in spans)))
+    blocks = {tuple(_span(s, n) for s, n in zip(index, shape, strict=True)) for index in indices}
+    covered = sum(int(np.prod([b - a for a, b in block])) for block in blocks)
+    size = int(np.prod([b.stop - b.start for b in box]))
+    if covered != size:
+        raise ValueError(
+            f"the shards of an array of shape {shape} on this process do not tile one block "
+            f"({covered} of {size} elements): jaxoff pages FSDP blocks of a 1-D mesh "
+            f"whose devices are listed process by process"
+        )
     return tuple(box)
 
 
@@ -53,23 +66,19 @@ def _relative(index: tuple[slice, ...], box: tuple[slice, ...], shape) -> tuple[
 
 
 def to_local(x: jax.Array, box: tuple[slice, ...]) -> np.ndarray:
-    """This process's block ``box`` of global array ``x``, as one host array."""
+    """This process's block ``box`` of global array ``x`` (see `local_box`), as one host
+    array."""
     shape = tuple(x.shape)
     out = np.empty(tuple(b.stop - b.start for b in box), x.dtype)
-    seen = set()
+    # replicas of a block are copied once (by position: replica ids are global, and a
+    # process need not hold replica 0)
+    copied = set()
     for shard in x.addressable_shards:
-        key = tuple(_span(s, n) for s, n in zip(shard.index, shape, strict=True))
-        if key in seen:  # a replica of a block already copied
-            continue
-        seen.add(key)
-        out[_relative(shard.index, box, shape)] = np.asarray(shard.data)
-    covered = sum(int(np.prod([b - a for a, b in key])) for key in seen)
-    if covered != out.size:
-        raise ValueError(
-            f"the shards of an array of shape {shape} on this process do not tile one block "
-            f"({covered} of {out.size} elements): jaxoff pages FSDP blocks of a 1-D mesh "
-            f"whose devices are listed process by process"
-        )
+        block = _relative(shard.index, box, shape)
+        key = tuple((s.start, s.stop) for s in block)
+        if key not in copied:
+            copied.add(key)
+            out[block] = np.asarray(shard.data)
     return out
 
 
@@ -113,12 +122,6 @@ class ShardedParams:
         )
 
 
-def global_norm(tree) -> jax.Array:
-    from ..placement._apply import global_norm as norm
-
-    return norm(tree)
-
-
 class ShardedPagedStep:
     """``step(state, inputs, targets) -> (state, metrics)`` for FSDP with a paged optimizer.
 
@@ -131,7 +134,7 @@ class ShardedPagedStep:
     def __init__(self, graphdef, pre, tx, shardings, mesh, placement=None):
         from ..optim import update_and_apply
         from ..placement import batch_sharding, fetch_params
-        from ..placement._apply import move
+        from ..placement._apply import global_norm, move
         from ..step import make_loss_fn
 
         # host parameters are fetched (or streamed layer by layer) as in the one-device step

@@ -119,10 +119,10 @@ class Checkpoints:
     def discard(self, step: int) -> None:
         """Deletes checkpoint ``step`` (both parts)."""
         remove_step(self.out_dir, step)
-        self._manager.reload()
+        self.reload()
 
     def reload(self) -> None:
-        """Re-reads which steps exist (after another process removed some)."""
+        """Re-reads which steps exist (after a removal, here or by another process)."""
         self._manager.reload()
 
     def restore(self, step: int, abstract_state):

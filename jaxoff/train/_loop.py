@@ -10,7 +10,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 
 from .. import _faults
 from .._errors import JaxoffError
@@ -106,10 +105,8 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
     batches = Batches(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
     val_batches = Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
 
-    pre, tx = cfg.build_optimizer_parts()
     sharded = cfg.sharded_store()
-    if not sharded and pre is not None:
-        tx, pre = optax.chain(pre, tx), None
+    pre, tx = cfg.build_optimizer_parts() if sharded else (None, cfg.build_optimizer())
     try:
         mesh = cfg.mesh()
         placement = cfg.resolved_placement()
@@ -169,9 +166,7 @@ def _restore(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step: int)
             opt_state = ckpts.restore_paged(tx, step, state.params)
             return step, state._replace(opt_state=opt_state), graphdef
         except CheckpointDamagedError as e:
-            reject(cfg, step, e)
-            ckpts.discard(step)
-            step = pick_step(cfg)
+            step = _fall_back(cfg, ckpts, step, e, [0])
 
 
 def _start_sharded(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step: int | None):
@@ -212,7 +207,8 @@ def _damaged_processes(mine: bool) -> list[int]:
 def _fall_back(cfg, ckpts: Checkpoints, step: int, error, damaged: list[int]) -> int:
     """Checkpoint ``step`` has a damaged paged part in processes ``damaged``: refused (one
     line), or with ``--resume-fallback`` removed, all processes going back together to the
-    newest intact checkpoint before it (chosen by process 0); returns that step."""
+    newest intact checkpoint before it (chosen by process 0); returns that step. In one
+    process, ``error`` is the damage found."""
     from ..distributed import barrier, broadcast_int
 
     damaged_step = step
