@@ -2,7 +2,10 @@
 
 1. **Memory**: predicted device temporaries vs ``compiled.memory_analysis()`` over a grid
    of models, batch shapes and plans (the MILP's plan at a few budgets, presets, random
-   plans). Offloaded residuals count on device (XLA's CPU backend keeps them there).
+   plans, and the priced solve's plan at the same budgets), twice: by the linear cost
+   model alone (``evaluate``, what ``--no-price`` reports) and priced by compiles of 4- and
+   8-layer copies extrapolated in depth (``Pricer``, what ``jaxoff plan`` reports).
+   Offloaded residuals count on device (XLA's CPU backend keeps them there).
 2. **Speed under a budget**: for a device budget between full remat and keep-everything,
    the measured step time of the MILP's plan vs the fastest preset whose *measured*
    memory fits the same budget (same run, same process, ratios).
@@ -10,6 +13,7 @@
     python bench/plan_validate.py                       # default grid (~5-10 min here)
     python bench/plan_validate.py --models tiny --quick # a minute
     python bench/plan_validate.py --models tiny,llama-tiny --shapes 3x37 --quick
+    python bench/plan_validate.py --models tiny,llama-tiny --shapes 3x149 --layers 16 --quick
 """
 
 from __future__ import annotations
@@ -26,71 +30,89 @@ from jaxoff.nn import load_model
 from jaxoff.plan import Plan, evaluate, profile, solve
 from jaxoff.plan._config import compared_presets, preset_plan
 from jaxoff.plan._hardware import calibrate
+from jaxoff.plan._price import Pricer, solve_priced
 from jaxoff.plan._profile import measured_temp_bytes
 
 
-def _model(name: str, dtype: str):
-    return dataclasses.replace(load_model(name), dtype=dtype, param_dtype=dtype)
+def _model(name: str, dtype: str, layers: int | None):
+    cfg = dataclasses.replace(load_model(name), dtype=dtype, param_dtype=dtype)
+    return cfg if layers is None else dataclasses.replace(cfg, num_layers=layers)
 
 
-def memory_grid(models, shapes, dtypes, seed, hw, out):
+def memory_grid(models, shapes, dtypes, seed, hw, out, layers=None):
     rows = []
     rng = random.Random(seed)
     for model, dtype in itertools.product(models, dtypes):
-        cfg = _model(model, dtype)
+        cfg = _model(model, dtype, layers)
         RESIDUAL_NAMES = cfg.residual_names  # noqa: N806
         for batch, seq in shapes:
             seq = min(seq, cfg.max_seq_len)
             t0 = time.perf_counter()
             prof = profile(cfg, batch, seq, model=model)
             t_prof = time.perf_counter() - t0
+            pricer = Pricer(prof, cfg)
             plans = {p: preset_plan(prof, p) for p in compared_presets()}
             plans["all-device"] = Plan.from_actions(prof, dict.fromkeys(RESIDUAL_NAMES, "device"))
             for i in range(2):
                 acts = {n: rng.choice(["device", "offload", "remat"]) for n in RESIDUAL_NAMES}
                 plans[f"random{i}"] = Plan.from_actions(prof, acts)
+            budgets = {}
             top = evaluate(prof, hw, plans["all-device"], cpu_lowering=True).device_bytes
             low = evaluate(prof, hw, plans["full"], cpu_lowering=True).device_bytes
             for frac in (0.3, 0.7):
                 budget = low + frac * (top - low)
+                hwb = hw.with_budgets(device_mem=budget)
                 try:
-                    plans[f"milp@{frac}"] = solve(
-                        prof, hw.with_budgets(device_mem=budget), cpu_lowering=True
-                    )
+                    plans[f"milp@{frac}"] = solve(prof, hwb, cpu_lowering=True)
+                    found = solve_priced(prof, hwb, pricer, cpu_lowering=True)
+                    plans[f"priced@{frac}"] = found.plan
+                    budgets[f"priced@{frac}"] = budget
                 except Exception as e:  # noqa: BLE001 - report, keep going
                     print(f"  milp@{frac}: {e}")
             for name, plan in plans.items():
+                homes = pricer.price(hw, plan, cpu_lowering=True)  # with the plan's homes
                 # the compiled step keeps params/grads on device: validate the residual
                 # plan with those homes (placement is checked elsewhere)
                 plan = dataclasses.replace(plan, params="device", opt="device")
-                pred = evaluate(prof, hw, plan, cpu_lowering=True).device_temp_bytes
+                modelled = evaluate(prof, hw, plan, cpu_lowering=True)
+                priced = pricer.price(hw, plan, cpu_lowering=True)
                 meas = measured_temp_bytes(prof, cfg, dict(plan.actions))
                 r = dict(
                     model=model,
                     dtype=dtype,
+                    layers=prof.num_layers,
                     batch=batch,
                     seq=seq,
                     plan=name,
-                    predicted=pred,
+                    predicted=priced.device_temp_bytes,
+                    predicted_model=modelled.device_temp_bytes,
                     measured=meas,
-                    error=pred / meas - 1,
+                    error=priced.device_temp_bytes / meas - 1,
+                    error_model=modelled.device_temp_bytes / meas - 1,
                     profile_s=t_prof,
                 )
+                if name in budgets:  # the priced solve's plan, corrected by the full compile
+                    device = homes.device_bytes + meas - priced.device_temp_bytes
+                    r["budget"] = budgets[name]
+                    r["fits_measured"] = device <= budgets[name]
                 rows.append(r)
                 print(
-                    f"{model:10s} {dtype:8s} b{batch:<3d} s{seq:<5d} {name:14s} predicted "
-                    f"{pred / 2**20:9.2f} MiB measured {meas / 2**20:9.2f} MiB "
-                    f"error {100 * r['error']:+6.2f}%",
+                    f"{model:10s} {dtype:8s} L{prof.num_layers:<3d} b{batch:<3d} s{seq:<5d} "
+                    f"{name:12s} measured {meas / 2**20:8.2f} MiB, priced "
+                    f"{100 * r['error']:+6.2f}%, model {100 * r['error_model']:+6.2f}%"
+                    + (f", fits: {r['fits_measured']}" if "fits_measured" in r else ""),
                     flush=True,
                 )
                 out.write(json.dumps(r) + "\n")
     for dtype in dtypes:
         sub = [r for r in rows if r["dtype"] == dtype]
-        worst = max(abs(r["error"]) for r in sub)
-        print(
-            f"memory {dtype}: {len(sub)} (model, shape, plan) cases, worst |error| "
-            f"{100 * worst:.2f}%, within 5%: {sum(abs(r['error']) <= 0.05 for r in sub)}/{len(sub)}"
-        )
+        for key, label in (("error", "priced"), ("error_model", "cost model")):
+            worst = max(abs(r[key]) for r in sub)
+            ok = sum(abs(r[key]) <= 0.05 for r in sub)
+            print(
+                f"memory {dtype}, {label}: {len(sub)} (model, shape, plan) cases, worst "
+                f"|error| {100 * worst:.2f}%, within 5%: {ok}/{len(sub)}"
+            )
     return rows
 
 
@@ -171,6 +193,9 @@ def main():
     )
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one shape, no speed test")
+    ap.add_argument(
+        "--layers", type=int, default=None, help="depth of every model (default: its own)"
+    )
     ap.add_argument("--out", default="runs/plan_validate.jsonl")
     ap.add_argument(
         "--json",
@@ -191,18 +216,25 @@ def main():
     pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     speed = None
     with open(a.out, "w") as out:
-        rows = memory_grid(a.models.split(","), shapes, a.dtypes.split(","), 0, hw, out)
+        rows = memory_grid(
+            a.models.split(","), shapes, a.dtypes.split(","), 0, hw, out, layers=a.layers
+        )
         if not a.quick:
             b, s = (int(x) for x in a.speed_shape.split("x"))
             speed = speed_under_budget(a.speed_model, b, s, a.budget_frac, a.steps, hw, out)
-    worst = {}
+    worst, worst_model = {}, {}
     for r in rows:
         key = f"{r['dtype']}"
         worst[key] = max(worst.get(key, 0.0), abs(r["error"]))
+        worst_model[key] = max(worst_model.get(key, 0.0), abs(r["error_model"]))
     summary = dict(
         command="python bench/plan_validate.py " + " ".join(sys.argv[1:]),
         worst_abs_error=worst,
         within_5_percent=f"{sum(abs(r['error']) <= 0.05 for r in rows)}/{len(rows)}",
+        worst_abs_error_model=worst_model,
+        within_5_percent_model=f"{sum(abs(r['error_model']) <= 0.05 for r in rows)}/{len(rows)}",
+        priced_plans_fit_measured=f"{sum(r.get('fits_measured', False) for r in rows)}/"
+        f"{sum('fits_measured' in r for r in rows)}",
         memory=rows,
         speed=speed,
     )

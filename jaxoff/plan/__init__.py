@@ -2,8 +2,9 @@
 
 ``jaxoff plan --model xl --hardware rtx4090 --batch 8 --seq 1024`` profiles the model
 (jaxpr + compiled memory analysis), solves a MILP for the fastest plan that fits the
-budgets, prints it beside a greedy baseline and presets, and writes a plan file that
-``jaxoff train --plan FILE`` runs.
+budgets, prices the plans with the compiled program (4- and 8-layer copies, extrapolated
+in depth; ``_price``) and re-solves until the priced plan fits, prints it beside a greedy
+baseline and presets, and writes a plan file that ``jaxoff train --plan FILE`` runs.
 """
 
 from ._config import PlanConfig as PlanConfig

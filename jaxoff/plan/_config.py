@@ -54,6 +54,11 @@ class PlanConfig:
         out: where the plan (JSON) is written; run it with ``jaxoff train --plan FILE``.
         cpu_lowering: count offloaded residuals in device memory, as XLA's CPU backend
             does (default: on for ``--hardware cpu``).
+        price: price the plans with the compiled program: compile 4- and 8-layer copies
+            of the model (a model of at most 8 layers as it is) and extrapolate their
+            device temporaries to its depth; the MILP's device budget is moved until its
+            plan's compiled price fits. ``--no-price``: the linear cost model alone (no
+            compiles beyond profiling).
     """
 
     model: str = "tiny"
@@ -67,6 +72,7 @@ class PlanConfig:
     io_bench: Path | None = None
     out: Path = Path("plan.json")
     cpu_lowering: bool | None = None
+    price: bool = True
 
     def validate(self) -> PlanConfig:
         from ._hardware import PRESETS, parse_size
@@ -126,24 +132,55 @@ def make_plan(cfg: PlanConfig, console=None):
     from ._cost import evaluate, fits
     from ._greedy import greedy
     from ._planfile import PlanFile, prediction_json
+    from ._price import Pricer, solve_priced
     from ._profile import profile
-    from ._report import print_plan
+    from ._report import fmt_bytes, print_plan
     from ._solver import solve
 
     console = console or _output.console()
     hw = cfg.get_hardware()
     cpu_lowering = hw.shared_memory if cfg.cpu_lowering is None else cfg.cpu_lowering
+    model_cfg = cfg.model_config()
     with console.status(f"profiling {cfg.model} at batch {cfg.batch_size} x seq {cfg.seq_len}"):
-        prof = profile(cfg.model_config(), cfg.batch_size, cfg.seq_len, model=cfg.model)
-    plan = solve(prof, hw, cpu_lowering=cpu_lowering)
-    pred = evaluate(prof, hw, plan, cpu_lowering=cpu_lowering)
+        prof = profile(model_cfg, cfg.batch_size, cfg.seq_len, model=cfg.model)
+    pricer = Pricer(prof, model_cfg) if cfg.price else None
+
+    def predict(p):
+        if pricer is None:
+            return evaluate(prof, hw, p, cpu_lowering=cpu_lowering)
+        return pricer.price(hw, p, cpu_lowering=cpu_lowering)
+
+    if pricer is None:
+        plan = solve(prof, hw, cpu_lowering=cpu_lowering)
+        pred = evaluate(prof, hw, plan, cpu_lowering=cpu_lowering)
+    else:
+        with console.status(f"pricing the MILP's plans ({pricer.describe()})"):
+            found = solve_priced(prof, hw, pricer, cpu_lowering=cpu_lowering)
+        plan, pred = found.plan, found.pred
     gplan, gpred = greedy(prof, hw, cpu_lowering=cpu_lowering)
-    others = [("greedy baseline", gplan, gpred)]
-    for name in compared_presets():
-        p = preset_plan(prof, name)
-        e = evaluate(prof, hw, p, cpu_lowering=cpu_lowering)
-        others.append((f"preset {name}" + ("" if fits(e, hw) else " (does not fit)"), p, e))
+    if gplan is not None and pricer is not None:
+        gpred = predict(gplan)
+    others = [
+        (
+            "greedy baseline" + ("" if gpred is None or fits(gpred, hw) else " (does not fit)"),
+            gplan,
+            gpred,
+        )
+    ]
+    with console.status("pricing the presets"):
+        for name in compared_presets():
+            p = preset_plan(prof, name)
+            e = predict(p)
+            others.append((f"preset {name}" + ("" if fits(e, hw) else " (does not fit)"), p, e))
     print_plan(prof, hw, plan, pred, others, console)
+    if pricer is not None:
+        modelled = found.modelled.device_bytes
+        console.print(
+            f"device memory priced by the compiled program ({pricer.compiles} "
+            f"{pricer.describe()}, {pricer.compile_s:.1f} s; "
+            f"{len(found.rounds)} MILP round(s)); the cost model alone predicted "
+            f"{fmt_bytes(modelled)} for the chosen plan ({modelled / pred.device_bytes - 1:+.1%})"
+        )
     pf = PlanFile(
         cfg.model,
         prof.model_config,
@@ -151,7 +188,7 @@ def make_plan(cfg: PlanConfig, console=None):
         cfg.seq_len,
         plan,
         hw.to_json(),
-        prediction_json(pred),
+        {**prediction_json(pred), "priced": pricer is not None},
         None
         if gpred is None
         else {

@@ -1,0 +1,90 @@
+"""How a scanned step's device temporaries grow with depth: the figure the planner's
+pricing extrapolates (``jaxoff.plan._price``). Compiles one plan at several depths and
+reports the per-layer growth and the error of extrapolating from two depths.
+
+    python bench/plan_depth.py --json bench/results/plan_depth.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+from jaxoff.plan import profile
+from jaxoff.plan._config import preset_plan
+from jaxoff.plan._profile import measured_temp_bytes
+from models.gpt import GPTConfig
+from models.llama import LlamaConfig
+
+SHAPES = {
+    "gpt-d48h3-b3s149": (GPTConfig(6, 48, 3, 192, max_seq_len=160), 3, 149),
+    "llama-d64h4kv2-b2s203": (LlamaConfig(6, 64, 4, 2, 160, max_seq_len=256), 2, 203),
+}
+DEPTHS = (2, 3, 4, 6, 8, 12, 16, 24)
+PAIRS = ((2, 4), (4, 8))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--plans", default="full,attention_core,offload_dots")
+    ap.add_argument("--json", default="bench/results/plan_depth.json")
+    a = ap.parse_args()
+    rows = []
+    for shape in a.shapes.split(","):
+        base, batch, seq = SHAPES[shape]
+        for dtype in a.dtypes.split(","):
+            cfg = dataclasses.replace(base, dtype=dtype, param_dtype=dtype)
+            prof = profile(cfg, batch, seq, model=shape, calibrate=False)
+            for name in a.plans.split(","):
+                acts = dict(preset_plan(prof, name).actions)
+                temp = {
+                    d: measured_temp_bytes(prof, dataclasses.replace(cfg, num_layers=d), acts)
+                    for d in DEPTHS
+                }
+                errors = {}
+                for lo, hi in PAIRS:
+                    slope = (temp[hi] - temp[lo]) / (hi - lo)
+                    for depth in (d for d in DEPTHS if d > hi):
+                        errors[f"{lo},{hi}->{depth}"] = (temp[lo] + (depth - lo) * slope) / temp[
+                            depth
+                        ] - 1
+                rows.append(
+                    dict(shape=shape, dtype=dtype, plan=name, temp=temp, extrapolation=errors)
+                )
+                print(
+                    f"{shape} {dtype} {name}: "
+                    + ", ".join(f"{k} {100 * v:+.2f}%" for k, v in errors.items()),
+                    flush=True,
+                )
+    worst = {
+        f"{lo},{hi}": max(
+            abs(v)
+            for r in rows
+            for k, v in r["extrapolation"].items()
+            if k.startswith(f"{lo},{hi}->")
+        )
+        for lo, hi in PAIRS
+    }
+    print("worst |error| per pair of depths:", {k: f"{100 * v:.2f}%" for k, v in worst.items()})
+    out = pathlib.Path(a.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            dict(
+                command="python bench/plan_depth.py " + " ".join(sys.argv[1:]),
+                worst_abs_error=worst,
+                rows=rows,
+            ),
+            indent=1,
+        )
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
