@@ -13,16 +13,12 @@ import json
 import pathlib
 import sys
 
+from plan_probe import SHAPES  # the two probed shapes (this script's directory)
+
 from jaxoff.plan import profile
 from jaxoff.plan._config import preset_plan
 from jaxoff.plan._profile import measured_temp_bytes
-from models.gpt import GPTConfig
-from models.llama import LlamaConfig
 
-SHAPES = {
-    "gpt-d48h3-b3s149": (GPTConfig(6, 48, 3, 192, max_seq_len=160), 3, 149),
-    "llama-d64h4kv2-b2s203": (LlamaConfig(6, 64, 4, 2, 160, max_seq_len=256), 2, 203),
-}
 DEPTHS = (2, 3, 4, 6, 8, 12, 16, 24)
 PAIRS = ((2, 4), (4, 8))
 

@@ -70,7 +70,8 @@ def memory_grid(models, shapes, dtypes, seed, hw, out, layers=None):
                 except Exception as e:  # noqa: BLE001 - report, keep going
                     print(f"  milp@{frac}: {e}")
             for name, plan in plans.items():
-                homes = pricer.price(hw, plan, cpu_lowering=True)  # with the plan's homes
+                # the priced solve's plan with its own homes (for the fit by the full compile)
+                homes = pricer.price(hw, plan, cpu_lowering=True) if name in budgets else None
                 # the compiled step keeps params/grads on device: validate the residual
                 # plan with those homes (placement is checked elsewhere)
                 plan = dataclasses.replace(plan, params="device", opt="device")

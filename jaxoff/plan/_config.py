@@ -152,7 +152,7 @@ def make_plan(cfg: PlanConfig, console=None):
 
     if pricer is None:
         plan = solve(prof, hw, cpu_lowering=cpu_lowering)
-        pred = evaluate(prof, hw, plan, cpu_lowering=cpu_lowering)
+        pred = predict(plan)
     else:
         with console.status(f"pricing the MILP's plans ({pricer.describe()})"):
             found = solve_priced(prof, hw, pricer, cpu_lowering=cpu_lowering)

@@ -31,7 +31,7 @@ import time
 from .._errors import ConfigError
 from ._cost import Plan, Prediction, evaluate, fits
 from ._hardware import Hardware
-from ._profile import Profile, with_policy
+from ._profile import Profile
 
 # Two depths past the shallowest (a scanned step's compile time does not grow with its
 # depth): XLA shares some buffers with the stacked ones at small depths, so the per-layer
@@ -74,8 +74,7 @@ class Pricer:
         self._temps: dict[tuple, int] = {}
 
     def _compiled_temp(self, actions: dict[str, str], depth: int) -> int:
-        from ..step import compile_step
-        from ._profile import _plain
+        from ._profile import _plain, measured_temp_bytes
 
         try:
             cfg = dataclasses.replace(_plain(self.model_cfg), num_layers=depth)
@@ -85,10 +84,10 @@ class Pricer:
                 f"--no-price to use the cost model alone"
             ) from None
         t0 = time.perf_counter()
-        compiled = compile_step(with_policy(cfg, actions), self.prof.batch, self.prof.seq)[0]
+        temp = measured_temp_bytes(self.prof, cfg, actions)
         self.compile_s += time.perf_counter() - t0
         self.compiles += 1
-        return int(compiled.memory_analysis().temp_size_in_bytes)
+        return temp
 
     def describe(self) -> str:
         """How plans are priced, for a report."""
