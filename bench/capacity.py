@@ -19,6 +19,17 @@ Modes:
               (``jaxoff.strategies`` fuyou: layer j's update as soon as its gradients exist,
               so only one layer's gradients are ever in RAM), with the stacked blocks kept as
               their bits and updated in place (``blocks_as_bits``): ~2 B/param in RAM.
+  fuyou-nvme  fuyou with the stacked block parameters in the page store too (ZeRO-Infinity's
+              parameter offload, ``page_params=True``): each layer's bf16 parameters are
+              read a layer ahead in forward and backward and written by its update; the
+              model is made and written one layer at a time, so it is never whole in RAM
+              (``--slots`` x 14 B/param on disk).
+
+Training data: ``--data corpus`` (default) samples windows of jaxoff's embedded byte corpus,
+so the loss can fall; ``--data random`` gives uniform random bytes (the loss cannot). The
+learning rate warms up linearly from 0 over ``--warmup-steps`` steps to ``--lr`` (0: a
+constant rate). A probe fits only when every loss is finite, and with ``--steps`` >= 10 also
+when the loss fell (the mean of the last three steps below the mean of the first three).
 
 Sizes: GPT-2 shapes (``d_ff = 4 d_model``, head dim 128, learned positions, 256-byte vocab)
 at a fixed width ``--d-model`` (default 2048, as in the 1.21B baseline of
@@ -51,9 +62,11 @@ import time
 from pathlib import Path
 
 GIB = 1 << 30
-MODES = ("plain", "plain-bf16", "paged", "fuyou")
-PAGED_MODES = ("paged", "fuyou")
+MODES = ("plain", "plain-bf16", "paged", "fuyou", "fuyou-nvme")
+PAGED_MODES = ("paged", "fuyou", "fuyou-nvme")
 STORE_BYTES_PER_PARAM = 12  # fp32 master + mu + nu, per slot
+PARAM_STORE_BYTES = 2  # bf16 block parameters, per slot, with fuyou-nvme
+FALLING_FROM = 10  # steps from which a probe must show a falling loss to fit
 _PHASE = ["start"]  # what the child is doing, for the watchdog's verdict
 
 
@@ -65,7 +78,7 @@ def model_config(num_layers: int, d_model: int, seq_len: int, mode: str):
     from jaxoff.models.gpt import GPTConfig
     from jaxoff.nn import Stack
 
-    bf16 = mode in ("paged", "fuyou", "plain-bf16")
+    bf16 = mode != "plain"
     dtype = "bfloat16" if bf16 else "float32"
     return GPTConfig(
         num_layers=num_layers,
@@ -97,9 +110,16 @@ def state_bytes_per_param(mode: str) -> dict[str, int]:
     return {"params": 2, "grads": 2, "moments": 8, "masters": 4}
 
 
+def store_bytes_per_param(mode: str) -> int:
+    """Page-store bytes per parameter and slot."""
+    if mode not in PAGED_MODES:
+        return 0
+    return STORE_BYTES_PER_PARAM + (PARAM_STORE_BYTES if mode == "fuyou-nvme" else 0)
+
+
 def store_bytes(n_params: int, mode: str, slots: int = 2) -> int:
     """Disk the page store needs (every slot, chunk padding ignored)."""
-    return slots * STORE_BYTES_PER_PARAM * n_params if mode in PAGED_MODES else 0
+    return slots * store_bytes_per_param(mode) * n_params
 
 
 # ----------------------------------------------------------------------------- child
@@ -143,10 +163,23 @@ def _rss_watchdog(
         time.sleep(0.02)
 
 
-def _build_params(cfg):
+class _LayerInit:
+    """A stacked block leaf made one layer at a time when indexed (``fuyou_init`` reads it
+    so): the whole leaf never exists."""
+
+    def __init__(self, sds, keys, std, normal):
+        self.shape, self.dtype, self.size = sds.shape, sds.dtype, math.prod(sds.shape)
+        self._keys, self._std, self._normal = keys, std, normal
+
+    def __getitem__(self, j):
+        return self._normal(self._keys[j], self.shape[1:], self.dtype, self._std)
+
+
+def _build_params(cfg, lazy_blocks: bool = False):
     """``(graphdef, params)`` with GPT-2 initialisation done leaf by leaf, and stacked block
     leaves one layer at a time into a donated buffer: init temporaries stay one layer's size
-    (a whole-model jitted init peaks far above the parameters and would be measured)."""
+    (a whole-model jitted init peaks far above the parameters and would be measured).
+    ``lazy_blocks``: the stacked leaves are `_LayerInit` (each layer made when read)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -173,6 +206,8 @@ def _build_params(cfg):
         std = out_std if ("['out']" in name or "['down']" in name) else 0.02
         if "['blocks']" not in name:
             return normal(next(keys), sds.shape, sds.dtype, std)
+        if lazy_blocks:
+            return _LayerInit(sds, [next(keys) for _ in range(sds.shape[0])], std, normal)
         buf = jnp.zeros(sds.shape, sds.dtype)
         for i in range(sds.shape[0]):
             buf = set_layer(buf, i, next(keys), std)
@@ -191,6 +226,8 @@ def run_probe(
     store_dir: str | None,
     lr: float = 1e-4,
     slots: int = 2,
+    warmup_steps: int = 3,
+    data: str = "corpus",
 ) -> dict:
     """Builds the model of ``mode``, runs ``steps`` train steps in this process; returns the
     record (without peak RSS, which the parent takes from ``wait4``)."""
@@ -220,8 +257,13 @@ def run_probe(
 
     t0 = time.perf_counter()
     phase("model init")
-    graphdef, params = _build_params(cfg)
+    graphdef, params = _build_params(cfg, lazy_blocks=mode == "fuyou-nvme")
     phase("optimizer init")
+    lr = (
+        optax.linear_schedule(0.0, lr, warmup_steps)
+        if warmup_steps
+        else optax.constant_schedule(lr)
+    )
     n = sum(x.size for x in jax.tree.leaves(params))
     assert n == rec["params"], (n, rec["params"])
 
@@ -279,15 +321,37 @@ def run_probe(
             state, metrics = fuyou_step(state, x, y)
             return state, metrics["loss"]
 
+    elif mode == "fuyou-nvme":
+        from jaxoff.optim import paged
+        from jaxoff.step import TrainState
+        from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, make_fuyou_step
+
+        tx = paged(optax.adamw(lr), store_dir, slots=slots)
+        opt = fuyou_init(cfg, tx, params, page_params=True)  # layer by layer
+        state = TrainState(jnp.zeros((), jnp.int32), fuyou_resident(params), opt)
+        fuyou_step = make_fuyou_step(graphdef, cfg, tx, page_params=True)
+
+        def step(state, x, y):
+            state, metrics = fuyou_step(state, x, y)
+            return state, metrics["loss"]
+
     else:
         raise ValueError(f"unknown mode {mode!r}")
     del params
     rec["init_s"] = time.perf_counter() - t0
 
     rng = np.random.default_rng(0)
+    if data == "corpus":
+        from jaxoff.train._data import load_tokens
+
+        corpus = load_tokens()[0].astype(np.int32)
 
     def batch():
-        toks = rng.integers(0, 256, (batch_size, seq_len + 1), dtype=np.int32)
+        if data == "corpus":
+            starts = rng.integers(0, corpus.size - seq_len - 1, batch_size)
+            toks = np.stack([corpus[s : s + seq_len + 1] for s in starts])
+        else:
+            toks = rng.integers(0, 256, (batch_size, seq_len + 1), dtype=np.int32)
         return jnp.asarray(toks[:, :-1]), jnp.asarray(toks[:, 1:])
 
     phase("compile")
@@ -309,6 +373,9 @@ def run_probe(
         if hasattr(tx, "close"):
             tx.close()
     rec.update(losses=losses, step_s=times, loss_finite=all(map(math.isfinite, losses)))
+    rec.update(data=data, lr=float(lr(steps)), warmup_steps=warmup_steps)
+    if len(losses) >= 6:
+        rec["loss_falling"] = float(np.mean(losses[-3:])) < float(np.mean(losses[:3]))
     return rec
 
 
@@ -347,7 +414,10 @@ def child_main(a: argparse.Namespace) -> None:
             a.batch_size,
             a.steps,
             a.store_dir,
+            lr=a.lr,
             slots=a.slots,
+            warmup_steps=a.warmup_steps,
+            data=a.data,
         )
         rec["status"] = "ok"
     except BaseException as e:  # report any crash as the probe's outcome
@@ -376,6 +446,9 @@ def probe(
     disk_reserve_gib: float = 4.0,
     timeout_s: float = 1800.0,
     slots: int = 2,
+    lr: float = 1e-4,
+    warmup_steps: int = 3,
+    data: str = "corpus",
 ) -> dict:
     """Runs one probe in a child process and returns its record (see the module doc).
 
@@ -443,6 +516,12 @@ def probe(
         str(result),
         "--slots",
         str(slots),
+        "--lr",
+        str(lr),
+        "--warmup-steps",
+        str(warmup_steps),
+        "--data",
+        data,
     ]
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
@@ -487,6 +566,8 @@ def probe(
             rec["why"] = "non-finite loss"
         if fits and rec["peak_rss"] > mem_limit_gib * GIB:
             fits, rec["why"] = False, "peak RSS over the limit"
+        if fits and steps >= FALLING_FROM and not rec.get("loss_falling"):
+            fits, rec["why"] = False, "the loss did not fall"
         rec["fits"] = fits
         if fits:
             rec["why"] = "fits"
@@ -522,7 +603,7 @@ def search(
         root = kw.get("store_dir") or tempfile.gettempdir()
         free = shutil.disk_usage(root).free - kw.get("disk_reserve_gib", 4.0) * GIB
         slots = kw.get("slots", 2)
-        cap = layers_for(free / (slots * STORE_BYTES_PER_PARAM), d_model, seq_len)
+        cap = layers_for(free / (slots * store_bytes_per_param(mode)), d_model, seq_len)
         while cap > 1 and store_bytes(num_params(cap, d_model, seq_len), mode, slots) > free:
             cap -= 1
         hi = cap + 1
@@ -635,6 +716,9 @@ def main(argv=None) -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW")
+    p.add_argument("--warmup-steps", type=int, default=3, help="linear warm-up from 0")
+    p.add_argument("--data", choices=("corpus", "random"), default="corpus")
     p.add_argument(
         "--mem-limit-gib",
         type=float,
@@ -709,6 +793,9 @@ def main(argv=None) -> None:
         disk_reserve_gib=a.disk_reserve_gib,
         timeout_s=a.timeout_s,
         slots=a.slots,
+        lr=a.lr,
+        warmup_steps=a.warmup_steps,
+        data=a.data,
     )
     with console.status("probing...") as status:
         for mode, start, n_probes in zip(a.modes, starts, max_probes, strict=True):

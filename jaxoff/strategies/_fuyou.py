@@ -92,6 +92,8 @@ from jaxoff.optim import (
 )
 from jaxoff.step import cross_entropy
 
+from . import _fuyou_params as fp
+
 
 class FuyouState(NamedTuple):
     """The RAM part of Fuyou's optimizer state; the rest is version ``version`` of the store.
@@ -102,11 +104,15 @@ class FuyouState(NamedTuple):
         for an entry of a stacked block leaf (``n`` chunks per layer), ``uint32[n]`` else;
         then ``uint32[1]`` for the ``ram`` entry.
       ram: the inner optimizer's RAM leaves (step counts, ...).
+      params: with paged parameters (``page_params=True``), per stacked block leaf (plan
+        order), the crc32c of each chunk of each layer's parameters, ``uint32[L, n]``; else
+        empty.
     """
 
     version: jax.Array
     crcs: tuple[jax.Array, ...]
     ram: tuple[jax.Array, ...]
+    params: tuple[jax.Array, ...] = ()
 
 
 @dataclasses.dataclass
@@ -116,12 +122,13 @@ class _Layout:
     plan: Plan
     blocks: tuple[bool, ...]  # per plan leaf: a stacked block leaf
     num_layers: int
-    store_names: list[str]  # store entry names, in store order
+    store_names: list[str]  # the optimizer state's store entry names, in store order
     store_of: list[tuple[int, int]]  # per store entry: (crcs index, layer or -1)
     fids: list[np.ndarray]  # per plan entry: int32 [L, 2, n] (block) or [2, n]
     offs: list[np.ndarray]  # per plan entry: uint32 [L, n, 2] (block) or [n, 2]
     table: str
     store: PageStore
+    params: list[fp.ParamEntry]  # with paged parameters: per stacked block leaf; else empty
 
 
 _layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -173,12 +180,19 @@ def _check_model(model_cfg) -> None:
         )
 
 
-def _layout(tx, params) -> _Layout:
-    """The layout of ``params``' optimizer state (opens the store and registers its files)."""
+def _layout(tx, params, page_params: bool = False) -> _Layout:
+    """The layout of ``params``' optimizer state (opens the store and registers its files);
+    with ``page_params``, the stacked block parameters' entries too."""
     updater = _updater(tx)
     with _lock:
         lay = _layouts.get(updater)
         if lay is not None and not lay.store.closed:
+            if bool(lay.params) != page_params:
+                raise ConfigError(
+                    f"the fuyou store {updater.root} was laid out "
+                    f"{'with' if lay.params else 'without'} paged parameters; use the same "
+                    "page_params for fuyou_init and make_fuyou_step"
+                )
             return lay
         plan = updater.plan(params)
         paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
@@ -199,6 +213,10 @@ def _layout(tx, params) -> _Layout:
             else:
                 entries[e.name] = (shape, e.storage)
                 store_of.append((k, -1))
+        pleaves = [leaf for leaf in plan.leaves if page_params and blocks[leaf.index]]
+        for leaf in pleaves:
+            for layer in range(num_layers):
+                entries[f"{fp.entry_name(leaf.name)}@{layer}"] = (leaf.shape[1:], leaf.dtype)
         entries[RAM_ENTRY] = ((plan.ram_nbytes,), np.dtype(np.uint8))
         store_of.append((len(plan.entries), -1))
         store = updater.store
@@ -209,19 +227,25 @@ def _layout(tx, params) -> _Layout:
         if list(store.entries) != list(entries):
             raise PageStoreError(
                 f"page store {updater.root} holds other entries than the fuyou layout of this "
-                "model (a plain jaxoff.paged store?): give fuyou its own store directory"
+                f"model{' with paged parameters' if page_params else ''} (a plain jaxoff.paged "
+                "store, or one laid out with the other page_params?): give fuyou its own store "
+                "directory"
             )
         updater.store = store  # tx.close() releases it
         need = updater.split_phase_bytes(plan)
+        chunk = store.chunk_bytes
+        # a layer's parameters prefetched ahead, and a layer's written behind, when paged
+        need += 2 * sum(-(-fp.layer_nbytes(lf) // chunk) * chunk for lf in pleaves)
         engine = updater.engine
         if engine.pool_bytes < need:
             engine = dataclasses.replace(engine, pool_bytes=need)
         table = f"jaxoff.fuyou:{updater.root}"
         register_file_table(table, store.file_table(), config=engine)
         per_store = [(io.file_ids, io.offsets) for io in entry_ios(store)]
+        n_opt = len(store_of) - 1
         fids: list = [[] for _ in plan.entries]
         offs: list = [[] for _ in plan.entries]
-        for (k, _), (f, o) in zip(store_of[:-1], per_store[:-1], strict=True):
+        for (k, _), (f, o) in zip(store_of[:-1], per_store[:n_opt], strict=True):
             fids[k].append(f)
             offs[k].append(o)
         for k, e in enumerate(plan.entries):
@@ -231,7 +255,23 @@ def _layout(tx, params) -> _Layout:
                 fids[k], offs[k] = fids[k][0], offs[k][0]
         fids.append(per_store[-1][0])
         offs.append(per_store[-1][1])
-        lay = _Layout(plan, blocks, num_layers, list(entries), store_of, fids, offs, table, store)
+        pentries = []
+        for i, leaf in enumerate(pleaves):
+            rows = per_store[n_opt + i * num_layers : n_opt + (i + 1) * num_layers]
+            pentries.append(
+                fp.ParamEntry(
+                    leaf.index,
+                    fp.entry_name(leaf.name),
+                    tuple(leaf.shape[1:]),
+                    np.dtype(leaf.dtype),
+                    fp.layer_chunks(leaf.shape[1:], leaf.dtype, chunk),
+                    np.stack([f for f, _ in rows]),
+                    np.stack([o for _, o in rows]),
+                )
+            )
+        names = list(entries)  # the optimizer's entries, then the parameters', then RAM's
+        names = names[:n_opt] + names[-1:]
+        lay = _Layout(plan, blocks, num_layers, names, store_of, fids, offs, table, store, pentries)
         _layouts[updater] = lay
         return lay
 
@@ -242,31 +282,40 @@ def _layer_chunks(lay: _Layout, leaf) -> tuple[int, int]:
     return size // leaf.chunk_elems, size % leaf.chunk_elems
 
 
-def fuyou_init(model_cfg, tx, params) -> FuyouState:
+def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouState:
     """Writes the initial optimizer state of ``params`` to ``tx``'s store (version 1).
 
     Args:
       model_cfg: the model's ``GPTConfig``.
       tx: ``jaxoff.optim.paged(inner, store_dir, chunk_bytes=...)``, with no global operations.
-      params: the model's ``nnx.Param`` state (concrete arrays).
+      params: the model's ``nnx.Param`` state (concrete arrays). A stacked block leaf is read
+        one layer at a time (``leaf[j]``), so it may also be any object with ``shape``,
+        ``dtype`` and ``__getitem__(layer)`` that makes a layer when asked: a model larger
+        than memory is then never whole in it (with ``page_params``).
+      page_params: write the stacked block parameters to the store too, for
+        ``make_fuyou_step(..., page_params=True)``; the training state then holds
+        `fuyou_resident` ``(params)`` instead of ``params``.
 
     Returns:
       the `FuyouState` to put in ``TrainState.opt_state``.
     """
     _check_model(model_cfg)
     updater = _updater(tx)
-    lay = _layout(tx, params)
+    lay = _layout(tx, params, page_params)
     plan, store = lay.plan, lay.store
     with jax.ensure_compile_time_eval():
         ram = [np.asarray(x) for x in updater.ram_init(plan)]
     crcs: dict[str, list[int]] = {}
+    paged_leaves = {e.leaf: e for e in lay.params}
     for leaf, p in zip(plan.leaves, plan.params_def.flatten_up_to(params), strict=True):
         init = jax.jit(functools.partial(updater.chunk_init, plan, leaf.index))
-        p = np.asarray(p)
-        layers = list(p) if lay.blocks[leaf.index] else [p]
-        suffixes = [f"@{j}" for j in range(len(layers))] if lay.blocks[leaf.index] else [""]
+        block = lay.blocks[leaf.index]
+        n_layers = lay.num_layers if block else 1
         n_full, tail = _layer_chunks(lay, leaf)
-        for x, suffix in zip(layers, suffixes, strict=True):
+        pe = paged_leaves.get(leaf.index)
+        for j in range(n_layers):
+            x = np.asarray(p[j] if block else p)  # one layer in memory at a time
+            suffix = f"@{j}" if block else ""
             flat = x.reshape(-1)
             for c in range(n_full + (1 if tail else 0)):
                 pc = flat[c * leaf.chunk_elems :][: leaf.chunk_elems]
@@ -281,6 +330,12 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
                     crcs.setdefault(name, []).append(
                         write_chunk(store, name, c, y.astype(e.storage))
                     )
+            if pe is not None:
+                name = pe.name + suffix
+                crcs[name] = [
+                    write_chunk(store, name, c, flat[start : start + n].astype(pe.dtype))
+                    for c, (start, n) in enumerate(pe.chunks)
+                ]
     crcs[RAM_ENTRY] = [write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
     version = store.commit(crcs)
     out = []
@@ -290,11 +345,41 @@ def fuyou_init(model_cfg, tx, params) -> FuyouState:
         else:
             out.append(np.asarray(crcs[e.name]))
     out.append(np.asarray(crcs[RAM_ENTRY]))
+    pcrcs = [np.stack([crcs[f"{e.name}@{j}"] for j in range(lay.num_layers)]) for e in lay.params]
     return FuyouState(
         jnp.asarray(version, jnp.int32),
         tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in out),
         tuple(jnp.asarray(x) for x in ram),
+        tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in pcrcs),
     )
+
+
+def fuyou_resident(params):
+    """``params`` with each stacked block leaf replaced by an empty array: the training
+    state's parameters under ``page_params=True`` (the blocks are in the page store)."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    return jax.tree.unflatten(
+        treedef, [fp.placeholder(x) if _is_block_path(p) else x for p, x in flat]
+    )
+
+
+def fuyou_params(tx, params):
+    """``params`` (the state's, from a ``page_params`` step) with the stacked block leaves
+    read back from ``tx``'s store: the committed version, every chunk verified. For
+    evaluation or export; it holds the whole model in memory.
+    """
+    lay = _layouts.get(_updater(tx))
+    if lay is None or lay.store.closed or not lay.params:
+        raise ConfigError(
+            "fuyou_params reads the parameters of a page_params fuyou store: run fuyou_init("
+            "..., page_params=True) with this optimizer first"
+        )
+    leaves = lay.plan.params_def.flatten_up_to(params)
+    for e in lay.params:
+        leaves[e.leaf] = np.stack(
+            [lay.store.read(f"{e.name}@{j}").reshape(e.shape) for j in range(lay.num_layers)]
+        )
+    return jax.tree.unflatten(lay.plan.params_def, leaves)
 
 
 def _used_inputs(fn, *args) -> list[bool]:
@@ -305,7 +390,14 @@ def _used_inputs(fn, *args) -> list[bool]:
     return [id(v) in used for v in closed.jaxpr.invars]
 
 
-def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bool = False):
+def make_fuyou_step(
+    graphdef: nnx.GraphDef,
+    model_cfg,
+    tx,
+    *,
+    blocks_as_bits: bool = False,
+    page_params: bool = False,
+):
     """``train_step(state, inputs, targets) -> (state, metrics)`` with the update in backward.
 
     Same contract as ``jaxoff.train.make_train_step`` (the caller jits it with
@@ -317,12 +409,28 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
     floats, the step converts them to bits and back (a second copy of the blocks while it
     runs), given bits it updates them in place. Use it when the model nearly fills RAM.
 
+    ``page_params``: the stacked block parameters live in the page store
+    (``fuyou_init(..., page_params=True)``; ``state.params`` is `fuyou_resident` of them).
+    Each layer's parameters are read one layer ahead in forward and again in backward, and
+    its new ones written by its update (see ``_fuyou_params``); `fuyou_params` reads them
+    back. The arithmetic is unchanged: the step is bitwise the one without paging.
+
     Raises:
       ConfigError: ``tx`` is not a paged optimizer, or holds a global operation (clipping).
     """
     _check_model(model_cfg)
     updater = _updater(tx)
     cfg = model_cfg
+    if page_params and blocks_as_bits:
+        raise ConfigError(
+            "page_params keeps the block parameters in the page store, not in the state: "
+            "blocks_as_bits does not apply (drop it)"
+        )
+    abstract = (
+        nnx.split(nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0))), nnx.Param)[1]
+        if page_params
+        else None
+    )
 
     # the model protocol's two ends (jaxoff.nn): the blocks in between are run here
     def front(model, tokens):
@@ -346,11 +454,14 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
             if blocks_as_bits
             else state.params
         )
-        lay = _layout(tx, as_floats)
+        lay = _layout(tx, abstract if page_params else as_floats, page_params)
         plan, opt = lay.plan, state.opt_state
         leaves = plan.params_def.flatten_up_to(state.params)
         bidx = [i for i, b in enumerate(lay.blocks) if b]
         ridx = [i for i, b in enumerate(lay.blocks) if not b]
+        if page_params:
+            fp.check_placeholders(leaves, bidx)
+        read_slot = (opt.version % 2).astype(jnp.int32)
 
         def merged(rest, blocks):
             full = [None] * len(leaves)
@@ -377,17 +488,23 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
         # computes 16-bit floats in float32, dynamic slices and updates included, and would
         # make a float32 copy of every stacked leaf (twice the blocks' bytes) and rewrite it
         # whole at every layer.
-        def fbody(h, j):
-            return block(_layer(stacked, j, dtypes), h), h
+        last = lay.num_layers - 1
+        if page_params:
+            # layer j + 1's reads run while layer j computes; the top layer's parameters are
+            # kept for the backward scan, which differentiates it first
+            h, saved, top_params = fp.forward(lay, opt.params, read_slot, block, x0)
+        else:
 
-        h, saved = lax.scan(fbody, x0, jnp.arange(lay.num_layers))
+            def fbody(h, j):
+                return block(_layer(stacked, j, dtypes), h), h
+
+            h, saved = lax.scan(fbody, x0, jnp.arange(lay.num_layers))
         bk = lambda r, h: back(merged(r, stacked), h, targets)  # noqa: E731
         loss, back_vjp = jax.vjp(bk, rest, h)
         g_back, gh = back_vjp(jnp.ones((), loss.dtype))
 
         inner_ram = list(opt.ram)
         new_ram = updater.ram_update(plan, inner_ram, {})
-        read_slot = (opt.version % 2).astype(jnp.int32)
         new_crcs: list = [None] * (len(plan.entries) + 1)
 
         def update_leaf(leaf, g, p, crcs, fids, offs, tok):
@@ -404,19 +521,23 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
         def per_leaf(table):
             return [[table[k] for k in leaf.entries] for leaf in bleaves]
 
+        def vjp_layer(layer, h_in, gh):
+            """The gradients of a layer's parameters and of its input."""
+            _, vjp = jax.vjp(block, layer, h_in)
+            return vjp(gh)
+
         def backward(blocks, j, h_in, gh):
             """Layer ``j``'s parameters, their gradients, and the gradient of its input."""
             layer = _layer(blocks, j, dtypes)
-            _, vjp = jax.vjp(block, layer, h_in)
-            g_layer, gh = vjp(gh)
+            g_layer, gh = vjp_layer(layer, h_in, gh)
             return layer, g_layer, gh
 
         def update_layer(g_layer, layer, crcs, fids, offs, tok):
-            """One layer's paged update: its new parameters (as bits), crcs and squares."""
+            """One layer's paged update: its new parameters, crcs and squares."""
             new_layer, out_crcs, sq = [], [], []
             for leaf, g, p, c, f, o in zip(bleaves, g_layer, layer, crcs, fids, offs, strict=True):
                 p_new, c_new, tok = update_leaf(leaf, g, p, c, f, o, tok)
-                new_layer.append(_bits(p_new))
+                new_layer.append(p_new)
                 out_crcs.append(c_new)
                 sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
             return new_layer, out_crcs, jnp.stack(sq), tok
@@ -431,30 +552,47 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
         # read of the stack follows every write and XLA needs no copy of it to keep an old
         # value. The top layer is differentiated before the scan, layer 0 updated after it.
         tables = (per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
-        last = lay.num_layers - 1
-        layer, g_layer, gh = backward(stacked, last, saved[last], gh)
-        top = [_bits(x) for x in layer]  # first written: the top layer, unchanged
+        pcrcs_b: list = []
+        if page_params:
+            write_slot = 1 - read_slot
+            crcs_b, sq_b, pcrcs_b, gh, tok = fp.backward(
+                lay,
+                opt.params,
+                read_slot,
+                write_slot,
+                tables,
+                saved,
+                top_params,
+                gh,
+                vjp_layer,
+                update_layer,
+            )
+            new_stacked = [leaves[i] for i in bidx]  # the placeholders, as they came
+        else:
+            layer, g_layer, gh = backward(stacked, last, saved[last], gh)
+            top = [_bits(x) for x in layer]  # first written: the top layer, unchanged
 
-        def bbody(carry, xs):
-            gh, tok, blocks, g_up, p_up, pending, pending_j = carry
-            j, h_in, (crcs, fids, offs) = xs  # the tables are layer j + 1's
-            blocks = _put_layer(blocks, pending, pending_j)
-            layer, g_layer, gh = backward(blocks, j, h_in, gh)
-            new_up, crcs_up, sq_up, tok = update_layer(g_up, p_up, crcs, fids, offs, tok)
-            return (gh, tok, blocks, g_layer, layer, new_up, j + 1), (crcs_up, sq_up)
+            def bbody(carry, xs):
+                gh, tok, blocks, g_up, p_up, pending, pending_j = carry
+                j, h_in, (crcs, fids, offs) = xs  # the tables are layer j + 1's
+                blocks = _put_layer(blocks, pending, pending_j)
+                layer, g_layer, gh = backward(blocks, j, h_in, gh)
+                new_up, crcs_up, sq_up, tok = update_layer(g_up, p_up, crcs, fids, offs, tok)
+                new_up = [_bits(x) for x in new_up]
+                return (gh, tok, blocks, g_layer, layer, new_up, j + 1), (crcs_up, sq_up)
 
-        xs = (jnp.arange(last), saved[:last], jax.tree.map(lambda t: t[1:], tables))
-        carry = (gh, new_token(), stacked, g_layer, layer, top, jnp.asarray(last))
-        carry, (crcs_up, sq_up) = lax.scan(bbody, carry, xs, reverse=True)
-        gh, tok, new_stacked, g_layer, layer, pending, pending_j = carry
-        new_stacked = _put_layer(new_stacked, pending, pending_j)
-        first = jax.tree.map(lambda t: t[0], tables)
-        new_0, crcs_0, sq_0, tok = update_layer(g_layer, layer, *first, tok)
-        new_stacked = _put_layer(new_stacked, new_0, 0)
-        crcs_b = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), crcs_0, crcs_up)
-        sq_b = jnp.concatenate([sq_0[None], sq_up])
-        if not blocks_as_bits:
-            new_stacked = [_unbits(b, d) for b, d in zip(new_stacked, dtypes, strict=True)]
+            xs = (jnp.arange(last), saved[:last], jax.tree.map(lambda t: t[1:], tables))
+            carry = (gh, new_token(), stacked, g_layer, layer, top, jnp.asarray(last))
+            carry, (crcs_up, sq_up) = lax.scan(bbody, carry, xs, reverse=True)
+            gh, tok, new_stacked, g_layer, layer, pending, pending_j = carry
+            new_stacked = _put_layer(new_stacked, pending, pending_j)
+            first = jax.tree.map(lambda t: t[0], tables)
+            new_0, crcs_0, sq_0, tok = update_layer(g_layer, layer, *first, tok)
+            new_stacked = _put_layer(new_stacked, [_bits(x) for x in new_0], 0)
+            crcs_b = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), crcs_0, crcs_up)
+            sq_b = jnp.concatenate([sq_0[None], sq_up])
+            if not blocks_as_bits:
+                new_stacked = [_unbits(b, d) for b, d in zip(new_stacked, dtypes, strict=True)]
         for leaf, cs in zip(bleaves, crcs_b, strict=True):
             for k, c in zip(leaf.entries, cs, strict=True):
                 new_crcs[k] = c
@@ -499,12 +637,13 @@ def make_fuyou_step(graphdef: nnx.GraphDef, model_cfg, tx, *, blocks_as_bits: bo
             jax.ShapeDtypeStruct((), jnp.int32),
             opt.version,
             tuple(new_crcs),
+            tuple(pcrcs_b),
             flushed,
             ordered=False,
         )
         params = jax.tree.unflatten(plan.params_def, new_leaves)
         grad_norm = jnp.sqrt(jnp.sum(sq_b) + sum(sq_r))
-        new_opt = FuyouState(version, tuple(new_crcs), tuple(new_ram))
+        new_opt = FuyouState(version, tuple(new_crcs), tuple(new_ram), tuple(pcrcs_b))
         from jaxoff.step import TrainState
 
         return (TrainState(state.step + 1, params, new_opt), {"loss": loss, "grad_norm": grad_norm})
@@ -563,7 +702,7 @@ def _map_blocks(params, fn):
     return jax.tree.unflatten(treedef, [convert(x) if _is_block_path(p) else x for p, x in flat])
 
 
-def _commit(lay: _Layout, version, crcs, token) -> np.ndarray:
+def _commit(lay: _Layout, version, crcs, pcrcs, token) -> np.ndarray:
     del token  # only a dependency: every write of the step has completed
     store, version = lay.store, int(version)
     if store.closed:
@@ -578,4 +717,8 @@ def _commit(lay: _Layout, version, crcs, token) -> np.ndarray:
     for name, (k, layer) in zip(lay.store_names, lay.store_of, strict=True):
         c = np.asarray(crcs[k], np.uint32)
         out[name] = (c[layer] if layer >= 0 else c).reshape(-1)
+    for e, c in zip(lay.params, pcrcs, strict=True):
+        c = np.asarray(c, np.uint32)
+        for j in range(lay.num_layers):
+            out[f"{e.name}@{j}"] = c[j]
     return np.asarray(store.commit(out), np.int32)
