@@ -7,12 +7,15 @@ medians over all steps):
 * **compute-only**: the same step with the optimizer state in RAM (plain optax);
 * **sequential paged**: ``jaxoff.paged``, the whole update after backward;
 * **fuyou**: layer j + 1's paged update inside the backward scan step of layer j;
+* **fuyou_nvme**: fuyou with the block parameters in the page store too
+  (``page_params=True``: read a layer ahead in forward and backward, written by the update);
 * **pure I/O**: fuyou's store read from its committed slot and written to the other one,
   chunk by chunk through the paged optimizer's engine configuration, no compute
   (``bench/paged_step.py``'s replay).
 
-Prints fuyou / sequential, fuyou / max(compute-only, pure I/O) and the fraction of the pure
-I/O time hidden, ``1 - (fuyou - compute-only) / pure I/O`` (clamped to [0, 1]).
+Prints fuyou_nvme / fuyou (what paging the parameters costs), fuyou / sequential,
+fuyou / max(compute-only, pure I/O) and the fraction of the pure I/O time hidden,
+``1 - (fuyou - compute-only) / pure I/O`` (clamped to [0, 1]).
 
     python bench/fuyou.py --model mini --batch 4 --seq 128 --json bench/results/fuyou_mini.json
 """
@@ -35,9 +38,9 @@ from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import paged
 from jaxoff.step import TrainState, make_train_step
-from jaxoff.strategies._fuyou import fuyou_init, make_fuyou_step
+from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, make_fuyou_step
 
-VARIANTS = ("compute_only", "sequential", "fuyou")
+VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 
 
 def main():
@@ -66,6 +69,10 @@ def main():
             txs.append(tx)
             if name == "fuyou":
                 opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)
+            elif name == "fuyou_nvme":
+                opt = fuyou_init(cfg, tx, params, page_params=True)
+                fn = make_fuyou_step(graphdef, cfg, tx, page_params=True)
+                params = fuyou_resident(params)
             else:
                 opt, fn = tx.init(params), make_train_step(graphdef, tx)
         step = jax.jit(fn, donate_argnums=0)
@@ -94,12 +101,15 @@ def main():
         tx.close()
     io = statistics.median(replay_io(f"{root}/fuyou", 4)["io_s"] for _ in range(a.io_reps))
     med = {n: statistics.median(runs[n]["times"]) for n in VARIANTS}
-    c, s, f = med["compute_only"], med["sequential"], med["fuyou"]
+    c, s, f, fn = med["compute_only"], med["sequential"], med["fuyou"], med["fuyou_nvme"]
     hidden = min(1.0, max(0.0, 1.0 - (f - c) / io)) if io > 0 else None
     summary = {
         "compute_only_s": c,
         "sequential_s": s,
         "fuyou_s": f,
+        "fuyou_nvme_s": fn,
+        "fuyou_nvme_over_fuyou": fn / f,
+        "fuyou_nvme_over_compute_only": fn / c,
         "pure_io_s": io,
         "fuyou_over_sequential": f / s,
         "fuyou_over_bound": f / max(c, io),
@@ -112,6 +122,7 @@ def main():
         print(f"{n:>13}: {med[n] * 1e3:.1f} ms/step")
     print(f"{'pure I/O':>13}: {io * 1e3:.1f} ms (compute-only / pure I/O = {c / io:.2f})")
     print(f"fuyou / sequential            = {f / s:.3f}")
+    print(f"fuyou_nvme / fuyou            = {fn / f:.3f}")
     print(f"fuyou / max(compute, I/O)     = {f / max(c, io):.3f}")
     print(f"I/O hidden                    = {100 * hidden:.0f}%")
     if a.json:
