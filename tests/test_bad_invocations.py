@@ -58,6 +58,20 @@ CASES = [
     (["train", "--model", "tiny", "--tokenizer", "no_tok.json"], ["--tokenizer", "no such"]),
     (["train", "--model", "tiny", "--token-dtype", "uint7"], ["--token-dtype"]),
     (["train", "--model", "tiny", "--store-slots", "3"], ["--store-slots must be 2"]),
+    (["train", "--model", "tiny", "--page-params"], ["--page-params", "add --fuyou"]),
+    (["train", "--model", "tiny", "--fuyou"], ["--fuyou", "global gradient norm", "--clip-norm 0"]),
+    (
+        ["train", "--model", "tiny", "--fuyou", "--clip-norm", "0", "--store", "none"],
+        ["--fuyou", "needs a page store", "--store none"],
+    ),
+    (
+        ["train", "--model", "tiny", "--fuyou", "--clip-norm", "0", "--fsdp", "2"],
+        ["--fuyou runs on one device", "--fsdp 1"],
+    ),
+    (
+        ["train", "--model", "tiny", "--fuyou", "--clip-norm", "0", "--placement", "host_opt"],
+        ["--placement host_opt does not apply", "--placement device"],
+    ),
     (["train", "--config", "no_such.toml"], ["--config no_such.toml", "no such file"]),
     (["train", "--config", "bad_syntax.toml"], ["not valid TOML"]),
     (["train", "--config", "unknown_key.toml"], ["unknown keys ['modle']"]),

@@ -199,7 +199,8 @@ def test_cli_plan_then_train(tmp_path, capsys):
         ("device", "nvme", "mixed", "/ssd/s", ("device", "/ssd/s", None)),
         ("host", "nvme", "remat", "auto", ("host_params_stream1", "auto", "full")),
         ("host", "host", "mixed", "auto", ("host_params", "none", None)),
-        ("nvme", "nvme", "remat", "auto", ("host_params_stream1", "auto", "full")),
+        ("nvme", "nvme", "remat", "auto", ("device", "auto", "none")),
+        ("nvme", "host", "mixed", "none", ("device", "auto", "none")),
     ],
 )
 def test_plan_homes_map_to_train_options(params, opt, actions, store, want):
@@ -220,6 +221,9 @@ def test_plan_homes_map_to_train_options(params, opt, actions, store, want):
     assert changes["policy"] == (policy or pf.policy_spec())
     assert any("NVMe" in n for n in notes) == (params == "nvme")
     assert any("whole" in n for n in notes) == (placement == "host_params")
+    # parameters on NVMe: paged by Fuyou's step (with its optimizer state)
+    assert changes.get("fuyou", False) == changes.get("page_params", False) == (params == "nvme")
+    assert any("optimizer state too" in n for n in notes) == (params == "nvme" and opt != "nvme")
 
 
 def test_train_runs_a_plan_with_optimizer_on_nvme(tiny_profile, tmp_path):
@@ -258,3 +262,51 @@ def test_train_runs_a_plan_with_optimizer_on_nvme(tiny_profile, tmp_path):
     )
     result = train(cfg)
     assert (tmp_path / "r" / "store").is_dir() and len(result.losses) == 3
+
+
+def test_train_runs_a_plan_with_parameters_on_nvme(tiny_profile, tmp_path):
+    """A plan that homes the parameters on NVMe trains with Fuyou's step, the block
+    parameters in the page store (one entry per layer and leaf), once --clip-norm 0 is
+    given; with clipping on, the error says so."""
+    from jaxoff._errors import ConfigError
+    from jaxoff.aio import PageStore
+    from jaxoff.plan._cost import Plan
+    from jaxoff.train import TrainConfig, train
+
+    acts = tuple((n.name, "device" if n.fixed else "remat") for n in tiny_profile.names)
+    pf = PlanFile(
+        "tiny",
+        tiny_profile.model_config,
+        4,
+        32,
+        Plan(acts, "nvme", "nvme"),
+        preset("rtx4090").to_json(),
+        {},
+        None,
+    )
+    path = pf.save(tmp_path / "p.json")
+    cfg = TrainConfig(
+        model="tiny",
+        batch_size=4,
+        seq_len=32,
+        steps=3,
+        eval_every=0,
+        ckpt_every=0,
+        progress=False,
+        out_dir=tmp_path / "r",
+        plan=path,
+    )
+    with pytest.raises(ConfigError, match="--clip-norm 0"):
+        cfg.validate()
+    cfg = dataclasses.replace(cfg, clip_norm=0.0)
+    got = cfg.validate()
+    assert (got.fuyou, got.page_params, got.store_dir()) == (True, True, tmp_path / "r" / "store")
+    result = train(cfg)
+    assert len(result.losses) == 3
+    store = PageStore.open(tmp_path / "r" / "store")
+    n_layers = CONFIGS["tiny"].num_layers
+    assert sum(n.startswith("param.") for n in store.entries) % n_layers == 0
+    assert {n.rsplit("@", 1)[1] for n in store.entries if n.startswith("param.")} == {
+        str(j) for j in range(n_layers)
+    }
+    store.close()

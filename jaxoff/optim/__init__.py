@@ -2,6 +2,8 @@
 and `fused_adamw`, optax.adamw as one fused C++ pass; the chunk-update API (`chunk_updater`)
 for strategies that page the update themselves."""
 
+from ._checkpoint import copy_in as copy_in
+from ._checkpoint import copy_out as copy_out
 from ._checkpoint import load_state as load_state
 from ._checkpoint import restore_paged as restore_paged
 from ._checkpoint import save_paged as save_paged
@@ -29,6 +31,7 @@ from ._paged import DEFAULT_ENGINE as DEFAULT_ENGINE
 from ._paged import PagedState as PagedState
 from ._paged import PagedTransformation as PagedTransformation
 from ._paged import paged as paged
+from ._paged import ram_from_bytes as ram_from_bytes
 from ._paged import update_and_apply as update_and_apply
 from ._state import PagedTensors as PagedTensors
 
@@ -46,6 +49,7 @@ __all__ = [
     "path_name",
     "ram_bytes",
     "ram_bytes_np",
+    "ram_from_bytes",
     "write_chunk",
     "FusedAdamW",
     "FusedAdamWState",
@@ -56,6 +60,8 @@ __all__ = [
     "PagedState",
     "PagedTensors",
     "PagedTransformation",
+    "copy_in",
+    "copy_out",
     "fused_adamw",
     "load_state",
     "paged",

@@ -173,13 +173,20 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
 
 
 def copy_in(
-    store: PageStore, plan, directory: str | os.PathLike, same_parity: bool = False
+    store: PageStore,
+    plan,
+    directory: str | os.PathLike,
+    same_parity: bool = False,
+    want: dict | None = None,
 ) -> tuple[dict, int]:
     """Writes what `copy_out` wrote into ``store`` as its next committed version.
 
     ``same_parity``: for a two-slot store, make the new version's number have the parity of
     the saved one (writing the chunks a second time if needed), so that the state saved with
     the checkpoint, which reads slot ``version % 2``, reads the restored chunks.
+
+    ``want``: ``{entry: (shape, dtype)}`` the checkpoint must hold (default: ``plan``'s
+    entries; the Fuyou step's store has its own layout).
 
     Returns:
       ``({entry: crcs}, the store version recorded in the checkpoint)``.
@@ -197,7 +204,7 @@ def copy_in(
         ) from None
     if meta.get("format") != FORMAT:
         raise PageStoreError(f"restore_paged: {path} is not a {FORMAT} manifest")
-    want = plan.store_entries()
+    want = plan.store_entries() if want is None else want
     saved = meta["entries"]
     diffs = sorted(set(want) ^ set(saved)) + [
         n

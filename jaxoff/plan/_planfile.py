@@ -145,18 +145,34 @@ def train_homes(pf: PlanFile, store: str = "auto") -> tuple[dict, list[str]]:
     * parameters ``device``; ``host``: streamed one layer ahead
       (``host_params_stream1``, the planner's cost model) when every residual is
       recomputed (streaming recomputes each block), else copied whole (``host_params``);
-      ``nvme``: not paged by the trainer, kept in host memory (a note says so).
+      ``nvme``: the stacked block parameters paged to the store by Fuyou's step
+      (``--fuyou --page-params``), read a layer ahead in forward and in backward; its
+      optimizer state is then paged too, and each block recomputed in backward (notes say
+      so where the plan differs). Fuyou's step cannot clip by the global norm: the
+      trainer asks for ``--clip-norm 0``.
     """
     notes = []
     params, opt = pf.plan.params, pf.plan.opt
-    if params == "nvme":
-        notes.append(
-            "parameters on NVMe are kept in host memory (jaxoff train does not page "
-            "parameters to disk)"
-        )
-        params = "host"
     from ._profile import CARRY
 
+    if params == "nvme":
+        if opt != "nvme":
+            notes.append(
+                f"parameters on NVMe are paged by Fuyou's step, which pages the optimizer "
+                f"state too (the plan keeps it in {opt} memory)"
+            )
+        notes.append(
+            "parameters on NVMe: Fuyou's step (--fuyou --page-params) recomputes each block "
+            "in backward; the plan's remat policy does not apply"
+        )
+        store = store if store != "none" else "auto"
+        return {
+            "policy": "none",
+            "placement": "device",
+            "store": store,
+            "fuyou": True,
+            "page_params": True,
+        }, notes
     all_remat = all(a == "remat" for n, a in pf.plan.actions if n != CARRY)
     if params == "host":
         if all_remat:

@@ -83,11 +83,14 @@ from jaxoff.optim import (
     PagedTransformation,
     Plan,
     chunk_updater,
+    copy_in,
+    copy_out,
     ends_with_paged,
     entry_ios,
     path_name,
     ram_bytes,
     ram_bytes_np,
+    ram_from_bytes,
     write_chunk,
 )
 from jaxoff.step import cross_entropy
@@ -338,8 +341,13 @@ def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouStat
                 ]
     crcs[RAM_ENTRY] = [write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
     version = store.commit(crcs)
+    return _state(lay, version, crcs, ram)
+
+
+def _state(lay: _Layout, version: int, crcs: dict, ram) -> FuyouState:
+    """The `FuyouState` of store version ``version``: ``crcs`` per store entry name."""
     out = []
-    for e in plan.entries:
+    for e in lay.plan.entries:
         if lay.blocks[e.leaf]:
             out.append(np.stack([crcs[f"{e.name}@{j}"] for j in range(lay.num_layers)]))
         else:
@@ -352,6 +360,69 @@ def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouStat
         tuple(jnp.asarray(x) for x in ram),
         tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in pcrcs),
     )
+
+
+def _abstract_params(model_cfg):
+    """The ``nnx.Param`` state of ``model_cfg``'s model, as shapes (nothing allocated)."""
+    return nnx.split(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))), nnx.Param)[1]
+
+
+def _laid_out(tx, what: str) -> _Layout:
+    """The layout `fuyou_init` / `fuyou_restore` made for ``tx``'s store (still open)."""
+    lay = _layouts.get(_updater(tx))
+    if lay is None or lay.store.closed:
+        raise ConfigError(
+            f"{what} needs the fuyou store of this optimizer open: run fuyou_init(...) or "
+            "fuyou_restore(...) with it first (and do not close it before)"
+        )
+    return lay
+
+
+def fuyou_table(tx) -> str:
+    """The name of the file table the Fuyou step of ``tx`` pages through (for
+    ``jaxoff.aio.file_table_stats``: its I/O time and waits)."""
+    return _laid_out(tx, "fuyou_table").table
+
+
+def fuyou_save(tx, opt_state: FuyouState, directory) -> int:
+    """Copies the store version ``opt_state`` describes (optimizer state and, with
+    ``page_params``, the block parameters) into the checkpoint directory ``directory``;
+    returns its bytes.
+
+    The copy is atomic and every chunk is verified on the way (``jaxoff.optim``'s
+    ``copy_out``, the format `fuyou_restore` and ``restore_paged`` read).
+
+    Raises:
+      PageStoreError: ``opt_state`` is not the store's committed version (a stale state).
+    """
+    lay = _laid_out(tx, "fuyou_save")
+    version = int(jax.device_get(jax.block_until_ready(opt_state).version))
+    if version != lay.store.version:
+        raise PageStoreError(
+            f"fuyou_save: the optimizer state describes version {version} of page store "
+            f"{lay.store.root}, which is at version {lay.store.version}: save the state the "
+            "last step returned"
+        )
+    return copy_out(lay.store, directory)
+
+
+def fuyou_restore(model_cfg, tx, directory, *, page_params: bool = False) -> FuyouState:
+    """Writes a checkpoint of `fuyou_save` into ``tx``'s store (any directory) as its next
+    version; returns the `FuyouState` that reads it (to use instead of `fuyou_init`).
+
+    Every chunk is checked against the checkpoint's checksums before it is written.
+
+    Raises:
+      PageStoreCorruptError: a chunk of the checkpoint is damaged (use an older one).
+      PageStoreError: the checkpoint is incomplete, or holds another model's or another
+        ``page_params``' state.
+    """
+    _check_model(model_cfg)
+    lay = _layout(tx, _abstract_params(model_cfg), page_params)
+    want = {n: (e.shape, e.dtype) for n, e in lay.store.entries.items()}
+    crcs, _ = copy_in(lay.store, lay.plan, directory, want=want)
+    ram = ram_from_bytes(lay.plan, lay.store.read(RAM_ENTRY))
+    return _state(lay, lay.store.version, crcs, [np.asarray(x) for x in ram])
 
 
 def fuyou_resident(params):
@@ -426,11 +497,7 @@ def make_fuyou_step(
             "page_params keeps the block parameters in the page store, not in the state: "
             "blocks_as_bits does not apply (drop it)"
         )
-    abstract = (
-        nnx.split(nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0))), nnx.Param)[1]
-        if page_params
-        else None
-    )
+    abstract = _abstract_params(cfg) if page_params else None
 
     # the model protocol's two ends (jaxoff.nn): the blocks in between are run here
     def front(model, tokens):
@@ -649,6 +716,39 @@ def make_fuyou_step(
         return (TrainState(state.step + 1, params, new_opt), {"loss": loss, "grad_norm": grad_norm})
 
     return train_step
+
+
+def make_fuyou_loss(graphdef: nnx.GraphDef, model_cfg, tx):
+    """``loss_fn(params, opt_state, inputs, targets) -> loss`` of a ``page_params`` model:
+    the forward pass of `make_fuyou_step` (each layer's parameters read from the store one
+    layer ahead, verified), without its backward pass or update; for evaluation.
+
+    ``params`` is the state's (`fuyou_resident`), ``opt_state`` its `FuyouState`: the loss is
+    that of the store version it describes. Jit it (nothing is donated).
+    """
+    _check_model(model_cfg)
+    _updater(tx)
+    abstract = _abstract_params(model_cfg)
+
+    def loss_fn(params, opt_state, inputs, targets):
+        lay = _layout(tx, abstract, True)
+        plan = lay.plan
+        leaves = plan.params_def.flatten_up_to(params)
+        bidx = [i for i, b in enumerate(lay.blocks) if b]
+        fp.check_placeholders(leaves, bidx)
+        model = nnx.merge(graphdef, params)
+        bgraph, bstate = nnx.split(model.blocks)
+        bdef = jax.tree.structure(bstate)
+
+        def block(layer, h):
+            return nnx.merge(bgraph, jax.tree.unflatten(bdef, layer))(h)
+
+        read_slot = (opt_state.version % 2).astype(jnp.int32)
+        x0 = model.embed_tokens(inputs)
+        h, _, _ = fp.forward(lay, opt_state.params, read_slot, block, x0)
+        return cross_entropy(model.logits(h), targets)
+
+    return loss_fn
 
 
 def _layer(stacked: list[jax.Array], j, dtypes) -> list[jax.Array]:

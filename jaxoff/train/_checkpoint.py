@@ -38,9 +38,22 @@ class Checkpoints:
     every part: the step counts as saved for all processes or for none. ``sharded``: the
     optimizer state is each process's own (FSDP with a paged optimizer), so orbax saves the
     step and the parameters only.
+
+    ``fuyou``: ``(model_cfg, page_params)`` of a run of Fuyou's step: the paged part is its
+    store's committed version (``fuyou_save``: the optimizer state, its RAM leaves, and with
+    ``page_params`` the block parameters), from which ``fuyou_restore`` rebuilds the whole
+    ``FuyouState``; orbax saves the step and the (resident) parameters only.
     """
 
-    def __init__(self, out_dir: Path, keep: int, tx=None, *, sharded: bool = False):
+    def __init__(
+        self,
+        out_dir: Path,
+        keep: int,
+        tx=None,
+        *,
+        sharded: bool = False,
+        fuyou: tuple | None = None,
+    ):
         import jax
 
         self.out_dir = Path(out_dir).absolute()
@@ -49,6 +62,8 @@ class Checkpoints:
         self.keep = keep
         self._tx = tx if _is_paged(tx) else None
         self.sharded = sharded
+        self.fuyou = fuyou
+        self._opt_apart = sharded or fuyou is not None  # orbax holds no optimizer state
         self.process, self.processes = jax.process_index(), jax.process_count()
         _quiet_orbax_disk_full()
         # retention is ours (max_to_keep=None): orbax would delete the previous checkpoint
@@ -80,13 +95,21 @@ class Checkpoints:
         from ..distributed import barrier
 
         try:
-            if self.paged:
+            if self.fuyou is not None:
+                from ..strategies.fuyou import fuyou_save
+
+                fuyou_save(self._tx, state.opt_state, self.paged_part(step))
+            elif self.paged:
                 from ..optim import save_paged
 
                 save_paged(self._tx, state.opt_state, self.paged_part(step))
             _faults.point("checkpoint.orbax")
-            if self.sharded:
-                state = state._replace(opt_state=None)  # each process's own, in its part
+            if self._opt_apart:
+                state = state._replace(opt_state=None)
+            if self.fuyou is not None and self.fuyou[1]:
+                state = state._replace(
+                    params=_nonempty(state.params)
+                )  # each process's own, in its part
             self._manager.save(step, args=ocp.args.StandardSave(state))
             self._manager.wait_until_finished()
             if self.processes > 1:
@@ -126,12 +149,19 @@ class Checkpoints:
         self._manager.reload()
 
     def restore(self, step: int, abstract_state):
-        if self.sharded:
+        if self._opt_apart:
             abstract_state = abstract_state._replace(opt_state=None)
-        return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        if self.fuyou is None or not self.fuyou[1]:
+            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        # paged block parameters: their empty placeholders are not in the checkpoint
+        params = abstract_state.params
+        abstract_state = abstract_state._replace(params=_nonempty(params))
+        state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        return state._replace(params=_with_empty(params, state.params))
 
     def restore_paged(self, tx, step: int, params):
-        """Writes the paged state of checkpoint ``step`` into ``tx``'s store; its opt_state.
+        """Writes the paged state of checkpoint ``step`` into ``tx``'s store; its opt_state
+        (``params``: the parameters or their shapes; unused by a Fuyou run).
 
         Raises:
           CheckpointDamagedError: a chunk of the checkpoint fails its checksum.
@@ -146,6 +176,11 @@ class Checkpoints:
                 f"it was written without --store (resume with --store none)"
             )
         try:
+            if self.fuyou is not None:
+                from ..strategies.fuyou import fuyou_restore
+
+                model_cfg, page_params = self.fuyou
+                return fuyou_restore(model_cfg, tx, directory, page_params=page_params)
             return restore_paged(tx, directory, params)
         except PageStoreCorruptError as e:  # the working store was checked before: the copy
             raise CheckpointDamagedError(str(e).removeprefix("restore_paged: ")) from None
@@ -185,6 +220,35 @@ def _quiet_orbax_disk_full() -> None:
 
     hook._jaxoff_quiet = True
     sys.unraisablehook = hook
+
+
+def _nonempty(params) -> dict:
+    """``params`` as ``{path: leaf}`` without its empty leaves (the placeholders of block
+    parameters paged by Fuyou's step): orbax refuses to save zero-size arrays."""
+    import jax
+    import numpy as np
+
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {jax.tree_util.keystr(p): x for p, x in flat if np.prod(x.shape) != 0}
+
+
+def _with_empty(like, restored: dict):
+    """The inverse of `_nonempty`: ``like``'s tree with its leaves from ``restored`` and
+    empty arrays where ``like`` has empty ones."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(like)
+    return jax.tree.unflatten(
+        treedef,
+        [
+            restored[jax.tree_util.keystr(p)]
+            if np.prod(x.shape) != 0
+            else jnp.zeros(x.shape, x.dtype)
+            for p, x in flat
+        ],
+    )
 
 
 def _is_paged(tx) -> bool:

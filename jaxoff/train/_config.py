@@ -83,6 +83,16 @@ class TrainConfig:
             streamed from host memory N layers ahead; needs --policy full).
         fsdp: devices of the FSDP mesh axis: parameters, gradients and optimizer states
             sharded over them, the batch split over them; 1 runs on one device.
+        fuyou: run Fuyou's step (``jaxoff.strategies.fuyou``): the paged optimizer update of
+            each layer inside the backward layer scan, pipelined with the next layer's
+            gradients, instead of after the backward pass. Needs a page store (--store),
+            --clip-norm 0 (each layer is updated before the global gradient norm exists),
+            one device (--fsdp 1, --placement device); each block is recomputed in backward.
+        page_params: with --fuyou, the stacked block parameters live in the page store too
+            (ZeRO-Infinity's parameter offload): each layer's are read one layer ahead in
+            forward and in backward and written by its update, so RAM holds the embeddings,
+            the head and a window of two layers instead of the model. Evaluation reads them
+            from the store the same way.
     """
 
     model: str = "mini"
@@ -119,6 +129,8 @@ class TrainConfig:
     store_slots: int = 2
     placement: str = "device"
     fsdp: int = 1
+    fuyou: bool = False
+    page_params: bool = False
 
     def validate(self) -> TrainConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
@@ -174,6 +186,7 @@ class TrainConfig:
                     f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
                     f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}"
                 )
+        self._check_fuyou(model)
         if self.data is not None and not Path(self.data).exists():
             raise ConfigError(f"--data {self.data}: no such file or directory")
         _check_data_options(self.data, self.tokenizer, self.token_dtype)
@@ -183,6 +196,42 @@ class TrainConfig:
                 self.store_dir(), "--store", "choose another --store directory, or --store none"
             )
         return self
+
+    def _check_fuyou(self, model) -> None:
+        """--fuyou and --page-params fit the rest of the options (each error says what to
+        change)."""
+        if self.page_params and not self.fuyou:
+            raise ConfigError(
+                "--page-params pages the block parameters through Fuyou's step: add --fuyou"
+            )
+        if not self.fuyou:
+            return
+        if self.store_dir() is None:
+            raise ConfigError(
+                "--fuyou pages the optimizer state inside the backward pass and needs a page "
+                "store: leave out --store none (or name a --store directory)"
+            )
+        if self.clip_norm > 0:
+            raise ConfigError(
+                "--fuyou updates each layer inside the backward pass, as soon as its gradients "
+                f"exist, so it cannot clip by the global gradient norm (--clip-norm "
+                f"{self.clip_norm} needs every gradient before the first update): pass "
+                "--clip-norm 0"
+            )
+        if self.fsdp != 1 or jax.process_count() > 1:
+            raise ConfigError(
+                "--fuyou runs on one device in one process: use --fsdp 1 (and one process), "
+                "or leave out --fuyou"
+            )
+        if self.placement != "device":
+            raise ConfigError(
+                f"--fuyou keeps the parameters in the training state (or, with "
+                f"--page-params, in the page store) and the optimizer state in the store: "
+                f"--placement {self.placement} does not apply; use --placement device"
+            )
+        from ..strategies._fuyou import _check_model
+
+        _check_model(model)  # a protocol model with stacked blocks, one block per layer step
 
     def model_config(self):
         """The model config this run trains (a :class:`jaxoff.nn.LayeredModel`), with

@@ -111,7 +111,8 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
         mesh = cfg.mesh()
         placement = cfg.resolved_placement()
         model_cfg = streamed_model(cfg.model_config(), placement, mesh)
-        ckpts = Checkpoints(out, cfg.keep_checkpoints, tx, sharded=sharded)
+        fuyou = (model_cfg, cfg.page_params) if cfg.fuyou else None
+        ckpts = Checkpoints(out, cfg.keep_checkpoints, tx, sharded=sharded, fuyou=fuyou)
         try:
             if cfg.resume and cfg.store_dir() is not None:
                 heal_store(cfg, restore_from)
@@ -120,6 +121,11 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
                     cfg, ckpts, tx, model_cfg, placement, mesh, restore_from
                 )
                 step_fn = ShardedPagedStep(graphdef, pre, tx, shardings, mesh, placement)
+            elif cfg.fuyou:
+                start, state, graphdef = _start_fuyou(
+                    cfg, ckpts, tx, model_cfg, placement, restore_from
+                )
+                step_fn = FuyouTrainStep(graphdef, model_cfg, tx, cfg.page_params)
             else:
                 if restore_from is not None:
                     start, state, graphdef = _restore(
@@ -196,6 +202,63 @@ def _start_sharded(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step
         step = _fall_back(cfg, ckpts, step, error, damaged)
 
 
+def _start_fuyou(cfg, ckpts: Checkpoints, tx, model_cfg, placement, step: int | None):
+    """``(start, state, graphdef)`` of a run of Fuyou's step: a new state (the optimizer
+    state, and with ``--page-params`` the block parameters, written to the store), or
+    checkpoint ``step`` (its parameters from orbax, its store part into the store)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ..step import TrainState
+    from ..strategies.fuyou import fuyou_init, fuyou_resident
+
+    if step is None:
+        graphdef, params = nnx.split(model_cfg.build(nnx.Rngs(cfg.seed)), nnx.Param)
+        opt = fuyou_init(model_cfg, tx, params, page_params=cfg.page_params)
+        if cfg.page_params:
+            params = fuyou_resident(params)  # the blocks now live in the store only
+        return 0, TrainState(jnp.zeros((), jnp.int32), params, opt), graphdef
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))), nnx.Param)
+    if cfg.page_params:
+        params = jax.eval_shape(fuyou_resident, params)
+    abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, None)
+    while True:
+        state = ckpts.restore(step, abstract_with(abstract, state_shardings(placement, abstract)))
+        try:
+            return step, state._replace(opt_state=ckpts.restore_paged(tx, step, None)), graphdef
+        except CheckpointDamagedError as e:
+            step = _fall_back(cfg, ckpts, step, e, [0])
+
+
+class FuyouTrainStep:
+    """The trainer's Fuyou step (``--fuyou``): ``compile(state, inputs, targets)`` gives the
+    compiled ``make_fuyou_step`` (the state donated); `evaluator` the loss for evaluation."""
+
+    def __init__(self, graphdef, model_cfg, tx, page_params: bool):
+        from ..strategies.fuyou import make_fuyou_loss, make_fuyou_step
+
+        step = make_fuyou_step(graphdef, model_cfg, tx, page_params=page_params)
+        self._step = jax.jit(step, donate_argnums=0)
+        self._loss = (
+            jax.jit(make_fuyou_loss(graphdef, model_cfg, tx))
+            if page_params
+            else jax.jit(lambda params, opt, x, y: make_loss_fn(graphdef)(params, x, y))
+        )
+        self.tx = tx
+
+    def compile(self, state, inputs, targets):
+        return self._step.lower(state, inputs, targets).compile()
+
+    def evaluator(self):
+        """``loss(state, inputs, targets)``: with paged parameters, read from the store."""
+        return lambda state, x, y: self._loss(state.params, state.opt_state, x, y)
+
+    def io_table(self) -> str:
+        from ..strategies.fuyou import fuyou_table
+
+        return fuyou_table(self.tx)
+
+
 def _damaged_processes(mine: bool) -> list[int]:
     """The processes whose paged part of the checkpoint being restored is damaged."""
     from ..distributed import allgather_ints
@@ -260,6 +323,8 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
     t0 = time.perf_counter()
     batches = _global_batches(batches, mesh)
     val_batches = _global_batches(val_batches, mesh)
+    evaluate = getattr(step_fn, "evaluator", lambda: None)()
+    io_split = IoSplit(tx, getattr(step_fn, "io_table", lambda: None)())
     if step_fn is not None:
         step_fn = step_fn.compile(state, *batches(start))
     else:
@@ -273,14 +338,15 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
             state = jax.device_put(state, shardings)
         step_fn = step_fn.lower(state, *batches(start)).compile()
     compile_s = time.perf_counter() - t0
-    eval_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
+    if evaluate is None:
+        loss_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
+        evaluate = lambda state, x, y: loss_fn(state.params, x, y)  # noqa: E731
 
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
     log = MetricsLog(metrics_path(Path(cfg.out_dir)))
     records: list[dict] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
     loop_start = time.perf_counter()
-    io_split = IoSplit(tx)
     try:
         with progress_display(cfg.steps, start, cfg.progress) as bar:
             for step in range(start + 1, end + 1):
@@ -314,7 +380,7 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
                 if step == start + 1:
                     record["compile_s"] = compile_s
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    record["val_loss"] = _evaluate(eval_fn, state.params, val_batches, cfg)
+                    record["val_loss"] = _evaluate(evaluate, state, val_batches, cfg)
                 _faults.point("train.step")
                 # the line goes first: a step that counts as checkpointed always has its line
                 log.write(record)
@@ -350,8 +416,8 @@ def _close_quietly(close) -> None:
         pass
 
 
-def _evaluate(eval_fn, params, val_batches: Batches, cfg: TrainConfig) -> float:
-    losses = [float(eval_fn(params, *val_batches(i))) for i in range(cfg.eval_batches)]
+def _evaluate(evaluate, state, val_batches: Batches, cfg: TrainConfig) -> float:
+    losses = [float(evaluate(state, *val_batches(i))) for i in range(cfg.eval_batches)]
     return float(np.mean(losses))
 
 
@@ -368,8 +434,9 @@ class IoSplit:
 
     _WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
 
-    def __init__(self, tx):
-        self._table = getattr(getattr(tx, "pager", None), "table", None)
+    def __init__(self, tx, table: str | None = None):
+        """``table``: the file table the step pages through (default: ``tx``'s pager's)."""
+        self._table = table or getattr(getattr(tx, "pager", None), "table", None)
 
     def snapshot(self) -> dict | None:
         return file_table_stats(self._table) if self._table else None

@@ -1,0 +1,142 @@
+"""``jaxoff train --fuyou [--page-params]``: Fuyou's step in the trainer, with the block
+parameters paged to the store (ZeRO-Infinity's parameter offload), checkpointed and resumed.
+
+The reference is the trainer's own sequential paged run (``--store``, the update after the
+backward pass) with the same options: Fuyou's step is bitwise that step (``test_fuyou.py``), so
+the trainer runs must agree bitwise too, in losses, evaluation losses and parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from jaxoff.train import TrainConfig, train
+
+# each block recomputed in backward, as Fuyou's step does: the reference's arithmetic is then
+# the same, and the comparison bitwise
+COMMON = dict(
+    model="tiny",
+    policy="nothing_saveable",
+    batch_size=2,
+    seq_len=32,
+    steps=6,
+    lr=3e-3,
+    warmup_steps=2,
+    clip_norm=0.0,
+    eval_every=3,
+    eval_batches=2,
+    ckpt_every=3,
+    chunk_mib=1,
+    progress=False,
+)
+
+
+def _config(tmp_path, name, **over):
+    return TrainConfig(**{**COMMON, "out_dir": tmp_path / name, **over})
+
+
+def _final_params(cfg) -> dict:
+    """``{leaf path: array}`` of the run's parameters after its last step: its last orbax
+    checkpoint, and with paged parameters each block leaf stacked from the store's entries
+    (``param.<leaf>@<layer>``, read and verified)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from jaxoff.aio import PageStore
+    from jaxoff.optim import path_name
+
+    saved = ocp.StandardCheckpointer().restore(
+        (cfg.out_dir / "checkpoints" / str(cfg.steps) / "default").absolute()
+    )
+    flat = jax.tree_util.tree_flatten_with_path(saved["params"])[0]
+    if not cfg.page_params:
+        return {path_name(p): np.asarray(x) for p, x in flat}
+    out = {
+        k.strip("[']").replace("']['", ".").replace("'].", "."): np.asarray(x)
+        for k, x in saved["params"].items()
+    }
+    store = PageStore.open(cfg.store_dir())
+    layers: dict[str, dict[int, np.ndarray]] = {}
+    for name, e in store.entries.items():
+        if name.startswith("param."):
+            leaf, j = name.removeprefix("param.").rsplit("@", 1)
+            layers.setdefault(leaf + ".value", {})[int(j)] = store.read(name).reshape(e.shape)
+    store.close()
+    for leaf, per in layers.items():
+        out[leaf] = np.stack([per[j] for j in range(len(per))])
+    return out
+
+
+def test_fuyou_trainer_is_bitwise_the_sequential_paged_trainer(tmp_path):
+    seq = train(_config(tmp_path, "seq"))
+    fuyou = train(_config(tmp_path, "fuyou", fuyou=True))
+    nvme = train(_config(tmp_path, "nvme", fuyou=True, page_params=True, store_slots=1))
+    assert len(seq.losses) == 6 and np.mean(seq.losses[-2:]) < seq.losses[0]
+    assert fuyou.losses == seq.losses  # bitwise: float equality
+    assert nvme.losses == seq.losses
+    for run in (fuyou, nvme):
+        assert [r.get("val_loss") for r in run.records] == [r.get("val_loss") for r in seq.records]
+        # the I/O split of the paged step, from Fuyou's own file table
+        assert all(r["io_s"] > 0 and 0 <= r["io_hidden"] <= 1 for r in run.records)
+    # the same parameters; the --page-params run's blocks read back from its store, where
+    # each layer is its own entries
+    ref = _final_params(_config(tmp_path, "seq"))
+    for run in (
+        _config(tmp_path, "fuyou", fuyou=True),
+        _config(tmp_path, "nvme", fuyou=True, page_params=True, store_slots=1),
+    ):
+        got = _final_params(run)
+        assert sorted(ref) == sorted(got)
+        for k in ref:
+            assert ref[k].tobytes() == got[k].tobytes(), k
+    cfg = json.loads((tmp_path / "nvme" / "config.json").read_text())
+    assert cfg["fuyou"] is True and cfg["page_params"] is True
+
+
+def test_fuyou_run_with_paged_parameters_resumes_bitwise(tmp_path):
+    full = train(_config(tmp_path, "full", fuyou=True, page_params=True))
+    part = _config(tmp_path, "part", fuyou=True, page_params=True, stop_at=3)
+    first = train(part)
+    # the store runs ahead of the checkpoint after a crash: damage it, the resume rebuilds it
+    store = tmp_path / "part" / "store"
+    page = next(p for p in sorted(store.rglob("*")) if p.is_file() and "param." in p.name)
+    page.write_bytes(b"\0" * page.stat().st_size)
+    resumed = train(dataclasses.replace(part, stop_at=0, resume=True))
+    assert resumed.first_step == 3
+    assert first.losses + resumed.losses == full.losses  # bitwise
+    assert [r.get("val_loss") for r in resumed.records] == [
+        r.get("val_loss") for r in full.records[3:]
+    ]
+
+
+def test_fuyou_resume_refuses_a_damaged_checkpoint_and_falls_back(tmp_path):
+    cfg = _config(tmp_path, "run", fuyou=True, page_params=True, steps=9, eval_every=0)
+    first = train(dataclasses.replace(cfg, stop_at=6))  # checkpoints 3 and 6
+    paged = tmp_path / "run" / "checkpoints_paged" / "6"
+    page = next(p for p in sorted(paged.iterdir()) if p.name.startswith("param"))
+    raw = bytearray(page.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    page.write_bytes(bytes(raw))
+    again = dataclasses.replace(cfg, resume=True)
+    with pytest.raises(Exception, match="damaged") as e:
+        train(again)
+    assert "--resume-fallback" in str(e.value)
+    assert (tmp_path / "run" / "checkpoints" / "6").is_dir()  # nothing removed
+    # with --resume-fallback: back to checkpoint 3, then steps 4-6 again, bitwise
+    resumed = train(dataclasses.replace(again, resume_fallback=True))
+    assert resumed.first_step == 3
+    assert resumed.losses[:3] == first.losses[3:]
+    assert len(resumed.losses) == 6
+
+
+def test_fuyou_options_cannot_change_on_resume(tmp_path):
+    cfg = _config(tmp_path, "run", fuyou=True, steps=3, eval_every=0)
+    train(dataclasses.replace(cfg, stop_at=2))
+    with pytest.raises(ValueError, match="fuyou"):
+        train(dataclasses.replace(cfg, fuyou=False, resume=True))
+    with pytest.raises(ValueError, match="page_params"):
+        train(dataclasses.replace(cfg, page_params=True, resume=True))
