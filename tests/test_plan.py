@@ -226,24 +226,18 @@ def test_plan_homes_map_to_train_options(params, opt, actions, store, want):
     assert any("optimizer state too" in n for n in notes) == (params == "nvme" and opt != "nvme")
 
 
-def test_train_runs_a_plan_with_optimizer_on_nvme(tiny_profile, tmp_path):
-    """A plan that pages the optimizer and streams parameters runs in jaxoff train."""
+def _all_remat_plan_run(tiny_profile, tmp_path, params: str):
+    """A ``TrainConfig`` of 3 steps of tiny under a saved plan that recomputes every residual,
+    pages the optimizer state and homes the parameters in ``params``."""
     from jaxoff.plan._cost import Plan
-    from jaxoff.train import TrainConfig, train
+    from jaxoff.train import TrainConfig
 
     acts = tuple((n.name, "device" if n.fixed else "remat") for n in tiny_profile.names)
+    plan = Plan(acts, params, "nvme")
     pf = PlanFile(
-        "tiny",
-        tiny_profile.model_config,
-        4,
-        32,
-        Plan(acts, "host", "nvme"),
-        preset("rtx4090").to_json(),
-        {},
-        None,
+        "tiny", tiny_profile.model_config, 4, 32, plan, preset("rtx4090").to_json(), {}, None
     )
-    path = pf.save(tmp_path / "p.json")
-    cfg = TrainConfig(
+    return TrainConfig(
         model="tiny",
         batch_size=4,
         seq_len=32,
@@ -252,8 +246,15 @@ def test_train_runs_a_plan_with_optimizer_on_nvme(tiny_profile, tmp_path):
         ckpt_every=0,
         progress=False,
         out_dir=tmp_path / "r",
-        plan=path,
+        plan=pf.save(tmp_path / "p.json"),
     )
+
+
+def test_train_runs_a_plan_with_optimizer_on_nvme(tiny_profile, tmp_path):
+    """A plan that pages the optimizer and streams parameters runs in jaxoff train."""
+    from jaxoff.train import train
+
+    cfg = _all_remat_plan_run(tiny_profile, tmp_path, "host")
     got = cfg.validate()
     assert (got.placement, got.policy, got.store_dir()) == (
         "host_params_stream1",
@@ -270,32 +271,9 @@ def test_train_runs_a_plan_with_parameters_on_nvme(tiny_profile, tmp_path):
     given; with clipping on, the error says so."""
     from jaxoff._errors import ConfigError
     from jaxoff.aio import PageStore
-    from jaxoff.plan._cost import Plan
-    from jaxoff.train import TrainConfig, train
+    from jaxoff.train import train
 
-    acts = tuple((n.name, "device" if n.fixed else "remat") for n in tiny_profile.names)
-    pf = PlanFile(
-        "tiny",
-        tiny_profile.model_config,
-        4,
-        32,
-        Plan(acts, "nvme", "nvme"),
-        preset("rtx4090").to_json(),
-        {},
-        None,
-    )
-    path = pf.save(tmp_path / "p.json")
-    cfg = TrainConfig(
-        model="tiny",
-        batch_size=4,
-        seq_len=32,
-        steps=3,
-        eval_every=0,
-        ckpt_every=0,
-        progress=False,
-        out_dir=tmp_path / "r",
-        plan=path,
-    )
+    cfg = _all_remat_plan_run(tiny_profile, tmp_path, "nvme")
     with pytest.raises(ConfigError, match="--clip-norm 0"):
         cfg.validate()
     cfg = dataclasses.replace(cfg, clip_norm=0.0)
