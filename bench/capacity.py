@@ -29,7 +29,11 @@ Training data: ``--data corpus`` (default) samples windows of jaxoff's embedded 
 so the loss can fall; ``--data random`` gives uniform random bytes (the loss cannot). The
 learning rate warms up linearly from 0 over ``--warmup-steps`` steps to ``--lr`` (0: a
 constant rate). A probe fits only when every loss is finite, and with ``--steps`` >= 10 also
-when the loss fell (the mean of the last three steps below the mean of the first three).
+when the loss fell: its steps then make two passes over ceil(steps / 2) fixed windows (step i
+trains on window i mod ceil(steps / 2)), and the mean loss of the second pass must be below
+that of the first pass over the same windows (``pass_losses``). At batch 1 x 128 tokens one
+window's loss differs from another's by more than ten steps of training move it, so losses of
+different windows cannot tell a falling loss from easier windows.
 
 Sizes: GPT-2 shapes (``d_ff = 4 d_model``, head dim 128, learned positions, 256-byte vocab)
 at a fixed width ``--d-model`` (default 2048, as in the 1.21B baseline of
@@ -346,13 +350,24 @@ def run_probe(
 
         corpus = load_tokens()[0].astype(np.int32)
 
-    def batch():
+    def new_batch():
         if data == "corpus":
             starts = rng.integers(0, corpus.size - seq_len - 1, batch_size)
             toks = np.stack([corpus[s : s + seq_len + 1] for s in starts])
         else:
             toks = rng.integers(0, 256, (batch_size, seq_len + 1), dtype=np.int32)
         return jnp.asarray(toks[:, :-1]), jnp.asarray(toks[:, 1:])
+
+    # From FALLING_FROM steps the batches come in two passes over the same windows (step i
+    # trains on window i mod ceil(steps / 2)), so that the loss of each window is seen before
+    # and after training on it: at batch 1 x 128 tokens, one window's loss differs from the
+    # next by more than ten steps of training move it, and a falling loss is told apart from
+    # easier windows only on the same windows.
+    passes = steps >= FALLING_FROM
+    windows = [new_batch() for _ in range(-(-steps // 2))] if passes else None
+
+    def batch(i=0):
+        return windows[i % len(windows)] if passes else new_batch()
 
     phase("compile")
     t0 = time.perf_counter()
@@ -362,7 +377,7 @@ def run_probe(
     try:
         for i in range(steps):
             phase(f"step {i + 1}")
-            x, y = batch()
+            x, y = batch(i)
             t = time.perf_counter()
             state, loss = step_fn(state, x, y)
             losses.append(float(loss))
@@ -374,8 +389,11 @@ def run_probe(
             tx.close()
     rec.update(losses=losses, step_s=times, loss_finite=all(map(math.isfinite, losses)))
     rec.update(data=data, lr=float(lr(steps)), warmup_steps=warmup_steps)
-    if len(losses) >= 6:
-        rec["loss_falling"] = float(np.mean(losses[-3:])) < float(np.mean(losses[:3]))
+    if passes and len(losses) == steps:
+        k = len(windows)  # the second pass: windows 0 .. steps - k - 1 again
+        first, second = losses[: steps - k], losses[k:]
+        rec["pass_losses"] = [float(np.mean(first)), float(np.mean(second))]
+        rec["loss_falling"] = rec["pass_losses"][1] < rec["pass_losses"][0]
     return rec
 
 
