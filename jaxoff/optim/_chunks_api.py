@@ -118,6 +118,12 @@ class ChunkUpdater:
     def store(self, store: PageStore) -> None:
         self._pager.store = store
 
+    def on_close(self, fn) -> None:
+        """Runs ``fn()`` when the transformation is closed (``tx.close()``), after its store:
+        e.g. to unregister a file table a strategy registered for it (its files stay open
+        until then)."""
+        self._pager.close_hooks.append(fn)
+
     # ------------------------------------------------------------------ plan
 
     def plan(self, params: Any) -> Plan:

@@ -168,6 +168,7 @@ class Pager:
         self._probed: set = set()
         self._ios: list[EntryIO] | None = None
         self._lock = threading.Lock()
+        self.close_hooks: list = []  # run by close(), once: what strategies opened beside
 
     # ------------------------------------------------------------------ plan and store
 
@@ -260,6 +261,9 @@ class Pager:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+        hooks, self.close_hooks = self.close_hooks, []
+        for hook in hooks:
+            hook()
 
     # ------------------------------------------------------------------ init
 

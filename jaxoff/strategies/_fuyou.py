@@ -74,6 +74,7 @@ from jaxoff.aio import (
     page_flush,
     page_out,
     register_file_table,
+    unregister_file_table,
 )
 from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
 from jaxoff.optim import (
@@ -244,6 +245,8 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
             engine = dataclasses.replace(engine, pool_bytes=need)
         table = f"jaxoff.fuyou:{updater.root}"
         register_file_table(table, store.file_table(), config=engine)
+        # the table holds the store's files open: released with the store (tx.close())
+        updater.on_close(functools.partial(unregister_file_table, table))
         per_store = [(io.file_ids, io.offsets) for io in entry_ios(store)]
         n_opt = len(store_of) - 1
         fids: list = [[] for _ in plan.entries]
