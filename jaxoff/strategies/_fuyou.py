@@ -544,11 +544,7 @@ def make_fuyou_step(
         rest = [leaves[i] for i in ridx]
         dtypes = [plan.leaves[i].dtype for i in bidx]
         stacked = [leaves[i] if blocks_as_bits else _bits(leaves[i]) for i in bidx]
-        bgraph = nnx.split(merged(rest, stacked).blocks)[0]
-        bdef = jax.tree.structure(nnx.split(merged(rest, stacked).blocks)[1])
-
-        def block(layer, h):
-            return nnx.merge(bgraph, jax.tree.unflatten(bdef, layer))(h)
+        block = _block_fn(merged(rest, stacked).blocks)
 
         # forward: each block's input is saved, nothing else (the block is recomputed)
         fwd = lambda r, t: front(merged(r, stacked), t)  # noqa: E731
@@ -740,18 +736,21 @@ def make_fuyou_loss(graphdef: nnx.GraphDef, model_cfg, tx):
         bidx = [i for i, b in enumerate(lay.blocks) if b]
         fp.check_placeholders(leaves, bidx)
         model = nnx.merge(graphdef, params)
-        bgraph, bstate = nnx.split(model.blocks)
-        bdef = jax.tree.structure(bstate)
-
-        def block(layer, h):
-            return nnx.merge(bgraph, jax.tree.unflatten(bdef, layer))(h)
-
+        block = _block_fn(model.blocks)
         read_slot = (opt_state.version % 2).astype(jnp.int32)
         x0 = model.embed_tokens(inputs)
         h, _, _ = fp.forward(lay, opt_state.params, read_slot, block, x0)
         return cross_entropy(model.logits(h), targets)
 
     return loss_fn
+
+
+def _block_fn(blocks: nnx.Module):
+    """``block(layer, h)``: one block of the stacked ``blocks`` module applied to ``h``, with
+    ``layer`` (the flat leaves of one layer's parameters) as its parameters."""
+    bgraph, bstate = nnx.split(blocks)
+    bdef = jax.tree.structure(bstate)
+    return lambda layer, h: nnx.merge(bgraph, jax.tree.unflatten(bdef, layer))(h)
 
 
 def _layer(stacked: list[jax.Array], j, dtypes) -> list[jax.Array]:

@@ -104,12 +104,10 @@ class Checkpoints:
 
                 save_paged(self._tx, state.opt_state, self.paged_part(step))
             _faults.point("checkpoint.orbax")
-            if self._opt_apart:
+            if self._opt_apart:  # each process's own, or Fuyou's store: in the paged part
                 state = state._replace(opt_state=None)
             if self.fuyou is not None and self.fuyou[1]:
-                state = state._replace(
-                    params=_nonempty(state.params)
-                )  # each process's own, in its part
+                state = state._replace(params=_nonempty(state.params))
             self._manager.save(step, args=ocp.args.StandardSave(state))
             self._manager.wait_until_finished()
             if self.processes > 1:

@@ -232,25 +232,26 @@ def _start_fuyou(cfg, ckpts: Checkpoints, tx, model_cfg, placement, step: int | 
 
 class FuyouTrainStep:
     """The trainer's Fuyou step (``--fuyou``): ``compile(state, inputs, targets)`` gives the
-    compiled ``make_fuyou_step`` (the state donated); `evaluator` the loss for evaluation."""
+    compiled ``make_fuyou_step`` (the state donated); `evaluator` the loss for evaluation
+    when the parameters are paged."""
 
     def __init__(self, graphdef, model_cfg, tx, page_params: bool):
         from ..strategies.fuyou import make_fuyou_loss, make_fuyou_step
 
         step = make_fuyou_step(graphdef, model_cfg, tx, page_params=page_params)
         self._step = jax.jit(step, donate_argnums=0)
-        self._loss = (
-            jax.jit(make_fuyou_loss(graphdef, model_cfg, tx))
-            if page_params
-            else jax.jit(lambda params, opt, x, y: make_loss_fn(graphdef)(params, x, y))
-        )
+        # the parameters in the state: the trainer's own evaluation applies
+        self._loss = jax.jit(make_fuyou_loss(graphdef, model_cfg, tx)) if page_params else None
         self.tx = tx
 
     def compile(self, state, inputs, targets):
         return self._step.lower(state, inputs, targets).compile()
 
     def evaluator(self):
-        """``loss(state, inputs, targets)``: with paged parameters, read from the store."""
+        """``loss(state, inputs, targets)`` with the parameters read from the store (with
+        ``page_params``), else None (the trainer's evaluation of ``state.params``)."""
+        if self._loss is None:
+            return None
         return lambda state, x, y: self._loss(state.params, state.opt_state, x, y)
 
     def io_table(self) -> str:
