@@ -7,6 +7,8 @@ commands then set the stack (policy, segments, split, streaming) and placements 
 ``jaxoff.nn._protocol`` for the protocol a model config implements.
 """
 
+from ._layerwise import LayerLeaf as LayerLeaf
+from ._layerwise import layerwise_params as layerwise_params
 from ._protocol import BLOCKS as BLOCKS
 from ._protocol import LayeredModel as LayeredModel
 from ._protocol import check_model as check_model
@@ -34,6 +36,7 @@ from ._stack import stream_blocks as stream_blocks
 __all__ = [
     "AUTO",
     "BLOCKS",
+    "LayerLeaf",
     "LayeredModel",
     "PolicySpec",
     "SegmentPlan",
@@ -41,6 +44,7 @@ __all__ = [
     "check_model",
     "chen_blocks",
     "count_params",
+    "layerwise_params",
     "load_model",
     "model_name",
     "num_layers_of",

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ._layerwise import lazy_stack, recording
 from ._segments import AUTO, chen_blocks, plan_segments, record
 
 PolicySpec = str | Callable[..., Any] | None
@@ -138,7 +139,12 @@ def stacked(make_block: Callable[[nnx.Rngs], nnx.Module], num_layers: int, rngs:
         >>> blocks = stacked(lambda r: nnx.Linear(4, 4, rngs=r), 3, nnx.Rngs(0))
         >>> blocks.kernel.shape
         (3, 4, 4)
+
+    Under :func:`jaxoff.nn.layerwise_params` the blocks are not made here: their RNG streams
+    are split the same way, and each layer is made when asked for.
     """
+    if recording() is not None:
+        return lazy_stack(make_block, num_layers, rngs)
 
     @nnx.split_rngs(splits=num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)

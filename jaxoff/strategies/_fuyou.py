@@ -295,9 +295,10 @@ def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouStat
       model_cfg: the model's ``GPTConfig``.
       tx: ``jaxoff.optim.paged(inner, store_dir, chunk_bytes=...)``, with no global operations.
       params: the model's ``nnx.Param`` state (concrete arrays). A stacked block leaf is read
-        one layer at a time (``leaf[j]``), so it may also be any object with ``shape``,
-        ``dtype`` and ``__getitem__(layer)`` that makes a layer when asked: a model larger
-        than memory is then never whole in it (with ``page_params``).
+        one layer at a time (``leaf[j]``, every leaf of layer ``j`` before layer ``j + 1``),
+        so it may also be any object with ``shape``, ``dtype`` and ``__getitem__(layer)``
+        that makes a layer when asked, as :func:`jaxoff.nn.layerwise_params` gives: a model
+        larger than memory is then never whole in it (with ``page_params``).
       page_params: write the stacked block parameters to the store too, for
         ``make_fuyou_step(..., page_params=True)``; the training state then holds
         `fuyou_resident` ``(params)`` instead of ``params``.
@@ -313,35 +314,42 @@ def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouStat
         ram = [np.asarray(x) for x in updater.ram_init(plan)]
     crcs: dict[str, list[int]] = {}
     paged_leaves = {e.leaf: e for e in lay.params}
-    for leaf, p in zip(plan.leaves, plan.params_def.flatten_up_to(params), strict=True):
-        init = jax.jit(functools.partial(updater.chunk_init, plan, leaf.index))
-        block = lay.blocks[leaf.index]
-        n_layers = lay.num_layers if block else 1
+    inits = [
+        jax.jit(functools.partial(updater.chunk_init, plan, leaf.index)) for leaf in plan.leaves
+    ]
+    leaves = plan.params_def.flatten_up_to(params)
+
+    def write(leaf, x, suffix: str) -> None:
+        """Writes one leaf (one layer of a block leaf) and its optimizer state."""
+        flat = np.asarray(x).reshape(-1)
         n_full, tail = _layer_chunks(lay, leaf)
+        for c in range(n_full + (1 if tail else 0)):
+            pc = flat[c * leaf.chunk_elems :][: leaf.chunk_elems]
+            if leaf.master:
+                pc = pc.astype(updater.master_dtype)
+            chunks = [np.asarray(y) for y in inits[leaf.index](pc)]
+            if leaf.master:
+                chunks = [pc, *chunks]
+            for k, y in zip(leaf.entries, chunks, strict=True):
+                e = plan.entries[k]
+                name = e.name + suffix
+                crcs.setdefault(name, []).append(write_chunk(store, name, c, y.astype(e.storage)))
         pe = paged_leaves.get(leaf.index)
-        for j in range(n_layers):
-            x = np.asarray(p[j] if block else p)  # one layer in memory at a time
-            suffix = f"@{j}" if block else ""
-            flat = x.reshape(-1)
-            for c in range(n_full + (1 if tail else 0)):
-                pc = flat[c * leaf.chunk_elems :][: leaf.chunk_elems]
-                if leaf.master:
-                    pc = pc.astype(updater.master_dtype)
-                chunks = [np.asarray(y) for y in init(pc)]
-                if leaf.master:
-                    chunks = [pc, *chunks]
-                for k, y in zip(leaf.entries, chunks, strict=True):
-                    e = plan.entries[k]
-                    name = e.name + suffix
-                    crcs.setdefault(name, []).append(
-                        write_chunk(store, name, c, y.astype(e.storage))
-                    )
-            if pe is not None:
-                name = pe.name + suffix
-                crcs[name] = [
-                    write_chunk(store, name, c, flat[start : start + n].astype(pe.dtype))
-                    for c, (start, n) in enumerate(pe.chunks)
-                ]
+        if pe is not None:
+            crcs[pe.name + suffix] = [
+                write_chunk(store, pe.name + suffix, c, flat[start : start + n].astype(pe.dtype))
+                for c, (start, n) in enumerate(pe.chunks)
+            ]
+
+    for leaf, p in zip(plan.leaves, leaves, strict=True):
+        if not lay.blocks[leaf.index]:
+            write(leaf, p, "")
+    # layer by layer (every leaf of layer j, then j + 1): one layer in memory at a time,
+    # and a layerwise model (jaxoff.nn.layerwise_params) makes each layer once
+    for j in range(lay.num_layers):
+        for leaf, p in zip(plan.leaves, leaves, strict=True):
+            if lay.blocks[leaf.index]:
+                write(leaf, p[j], f"@{j}")
     crcs[RAM_ENTRY] = [write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
     version = store.commit(crcs)
     return _state(lay, version, crcs, ram)

@@ -209,11 +209,21 @@ def _start_fuyou(cfg, ckpts: Checkpoints, tx, model_cfg, placement, step: int | 
     import jax.numpy as jnp
     from flax import nnx
 
+    from ..nn import layerwise_params
     from ..step import TrainState
     from ..strategies.fuyou import fuyou_init, fuyou_resident
 
     if step is None:
-        graphdef, params = nnx.split(model_cfg.build(nnx.Rngs(cfg.seed)), nnx.Param)
+
+        def build():
+            return model_cfg.build(nnx.Rngs(cfg.seed))
+
+        if cfg.page_params:
+            # the blocks made one layer at a time, straight into the store: a model larger
+            # than memory is never whole in it
+            graphdef, params = layerwise_params(build)
+        else:
+            graphdef, params = nnx.split(build(), nnx.Param)
         opt = fuyou_init(model_cfg, tx, params, page_params=cfg.page_params)
         if cfg.page_params:
             params = fuyou_resident(params)  # the blocks now live in the store only
