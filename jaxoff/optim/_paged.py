@@ -20,7 +20,13 @@ from jaxoff import _faults
 from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError, PageStoreTornError
 from jaxoff.aio._engine import EngineConfig
 from jaxoff.aio._error_from import record
-from jaxoff.aio._ffi_calls import new_token, page_flush, page_out, register_file_table
+from jaxoff.aio._ffi_calls import (
+    new_token,
+    page_flush,
+    page_out,
+    register_file_table,
+    unregister_file_table,
+)
 from jaxoff.aio._layout import ALIGN, MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
@@ -261,6 +267,10 @@ class Pager:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+        if self._ios is not None:
+            # the table holds every page file open; a reopened store registers it again
+            unregister_file_table(self.table)
+            self._ios = None
         hooks, self.close_hooks = self.close_hooks, []
         for hook in hooks:
             hook()
