@@ -89,3 +89,22 @@ def test_a_layer_leaf_cannot_be_made_whole():
         np.asarray(leaf)
     with pytest.raises(IndexError, match="layer 5 of a stack of 5"):
         leaf[5]
+
+
+def test_a_layerwise_model_is_written_to_the_store_without_being_whole_in_memory(tmp_path):
+    """bench/layerwise_init.py's children: ``fuyou_init(..., page_params=True)`` of GPT
+    'small' (340 MB of float32 parameters) built whole, then layer by layer; the layerwise
+    child's peak RSS stays below the whole one's by more than half the parameters."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "bench" / "layerwise_init.py"
+    out = tmp_path / "lwi.json"
+    cmd = [sys.executable, str(script), "--model", "small", "--store-dir", str(tmp_path)]
+    subprocess.run([*cmd, "--train-steps", "0", "--json", str(out)], check=True)
+    rec = json.loads(out.read_text())
+    whole, layerwise = rec["records"]["whole"], rec["records"]["layerwise"]
+    assert whole["param_bytes"] == layerwise["param_bytes"] > 3e8
+    assert layerwise["peak_rss"] < whole["peak_rss"] - whole["param_bytes"] / 2
