@@ -794,6 +794,8 @@ def main(argv=None) -> None:
     if len(starts) == 1:
         starts = starts * len(a.modes)
     max_probes = a.max_probes * len(a.modes) if len(a.max_probes) == 1 else a.max_probes
+    if a.store_dir:
+        os.makedirs(a.store_dir, exist_ok=True)  # the disk cap is read from its file system
     vm = psutil.virtual_memory()
     console.print(
         f"machine: {vm.total / GIB:.1f} GiB RAM, {vm.available / GIB:.1f} GiB "

@@ -108,3 +108,12 @@ def test_a_layerwise_model_is_written_to_the_store_without_being_whole_in_memory
     whole, layerwise = rec["records"]["whole"], rec["records"]["layerwise"]
     assert whole["param_bytes"] == layerwise["param_bytes"] > 3e8
     assert layerwise["peak_rss"] < whole["peak_rss"] - whole["param_bytes"] / 2
+
+
+def test_the_docstring_example_runs():
+    import doctest
+
+    from jaxoff.nn import _layerwise
+
+    result = doctest.testmod(_layerwise)
+    assert result.attempted > 0 and result.failed == 0
