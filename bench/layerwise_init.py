@@ -30,7 +30,7 @@ def _init(model: str, store: str, how: str) -> None:
     from flax import nnx
 
     import jaxoff
-    from jaxoff.nn import layerwise_params, load_model
+    from jaxoff.nn import LayerLeaf, layerwise_params, load_model
     from jaxoff.strategies.fuyou import fuyou_init
 
     cfg = load_model(model)
@@ -47,7 +47,8 @@ def _init(model: str, store: str, how: str) -> None:
     built = time.perf_counter() - t0
     fuyou_init(cfg, tx, params, page_params=True)
     tx.close()
-    leaves = jax.tree.leaves(nnx.state(nnx.eval_shape(build), nnx.Param))
+    # the parameters in hand (arrays, or LayerLeaf shapes): no second trace of the model
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, LayerLeaf))
     rec = {
         "params": sum(int(np.prod(x.shape)) for x in leaves),
         "param_bytes": sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves),
