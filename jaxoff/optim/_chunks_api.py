@@ -45,7 +45,7 @@ from jaxoff.optim._paged import (
     ram_bytes_np,
 )
 from jaxoff.optim._pipeline import EntryIO, page_leaf
-from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, path_name
+from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, check_index_range, path_name
 
 __all__ = [
     "RAM_ENTRY",
@@ -126,12 +126,17 @@ class ChunkUpdater:
 
     # ------------------------------------------------------------------ plan
 
-    def plan(self, params: Any) -> Plan:
+    def plan(self, params: Any, *, parts: tuple[int, ...] | None = None) -> Plan:
         """The plan of ``params``: the paged tensors per leaf, their chunking and RAM leaves.
 
-        Refuses (`NotElementwiseError`) an inner optimizer that is not element-wise.
+        ``parts``: per leaf, into how many equal parts `update_leaf` is given it (the layers
+        of a stacked leaf updated one at a time); default: each leaf whole. One part's chunk
+        indices must fit int32, the whole leaf's need not.
+
+        Refuses (`NotElementwiseError`) an inner optimizer that is not element-wise, or a
+        part too large to index.
         """
-        return self._pager.plan(params)
+        return self._pager.plan(params, parts)
 
     def split_phase_bytes(self, plan: Plan) -> int:
         """Engine staging bytes that split-phase paging of ``plan``'s leaves needs."""
@@ -201,6 +206,7 @@ class ChunkUpdater:
           ``(new params or updates (shape of params), per entry the crcs written, token)``.
         """
         extra = {} if extra is None else extra
+        check_index_range(leaf.name, params.size, leaf.chunk_elems)
         n_full, tail = divmod(params.size, leaf.chunk_elems)
         compute = functools.partial(
             self._pager._compute,

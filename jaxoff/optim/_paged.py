@@ -178,12 +178,12 @@ class Pager:
 
     # ------------------------------------------------------------------ plan and store
 
-    def plan(self, params) -> Plan:
+    def plan(self, params, parts: tuple[int, ...] | None = None) -> Plan:
         leaves, treedef = jax.tree.flatten(params)
-        key = (treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves))
+        key = (treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves), parts)
         if key not in self._plans:
             self._plans[key] = make_plan(
-                self.pre, self.inner, params, self.chunk_bytes, self.master_dtype
+                self.pre, self.inner, params, self.chunk_bytes, self.master_dtype, parts=parts
             )
         plan = self._plans[key]
         if key not in self._probed:

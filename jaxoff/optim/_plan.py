@@ -168,6 +168,20 @@ def storage_dtype(dtype: np.dtype, what: str) -> np.dtype:
     )
 
 
+def check_index_range(name: str, size: int, chunk_elems: int) -> None:
+    """Refuses paging ``size`` elements of parameter ``name`` in one pass: its chunks are
+    indexed with int32 (``chunk * chunk_elems``), so the part must hold fewer than
+    ``2**31 - chunk_elems`` elements."""
+    if size >= 2**31 - chunk_elems:
+        raise NotElementwiseError(
+            f"parameter {name!r} is paged {size} elements at a time; with chunks of "
+            f"{chunk_elems * STORAGE_ITEMSIZE} bytes ({chunk_elems} elements) jaxoff.paged "
+            f"pages fewer than 2**31 - {chunk_elems} elements at a time (int32 indices): split "
+            "the parameter into several, or, for stacked layers, page them a layer at a "
+            "time (jaxoff.strategies.fuyou; jaxoff train --fuyou)"
+        )
+
+
 def make_plan(
     pre: optax.GradientTransformation | None,
     inner: optax.GradientTransformation,
@@ -176,11 +190,16 @@ def make_plan(
     master_dtype: Any,
     *,
     check_ram: bool = True,
+    parts: tuple[int, ...] | None = None,
 ) -> Plan:
     """Plans the store entries for ``params`` (arrays or ShapeDtypeStructs).
 
     ``check_ram``: refuse a RAM state larger than one chunk (the store's ``ram`` entry is
     written as one chunk); the element-wise probe plans tiny chunks and skips it.
+
+    ``parts``: per leaf, how many equal parts it is paged in (e.g. the layers of a stacked
+    leaf that Fuyou pages one layer at a time; default 1, the whole leaf). The chunk indices
+    of one part must fit int32 (`check_index_range`).
     """
     master_dtype = np.dtype(master_dtype)
     path_leaves, params_def = jax.tree_util.tree_flatten_with_path(params)
@@ -244,13 +263,7 @@ def make_plan(
         leaves.append(
             LeafPlan(i, name, tuple(a.shape), np.dtype(a.dtype), m, chunk_elems, tuple(mine))
         )
-        if leaves[-1].size >= 2**31 - chunk_elems:
-            raise NotElementwiseError(
-                f"parameter {name!r} has {leaves[-1].size} elements; with chunks of "
-                f"{chunk_bytes} bytes ({chunk_elems} elements) jaxoff.paged supports leaves of "
-                f"fewer than 2**31 - {chunk_elems} elements (int32 indices): split the "
-                "parameter, or pass a smaller chunk_bytes"
-            )
+        check_index_range(name, leaves[-1].size // (parts[i] if parts else 1), chunk_elems)
     plan = Plan(
         params_def,
         tuple(leaves),

@@ -198,15 +198,16 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
                     "page_params for fuyou_init and make_fuyou_step"
                 )
             return lay
-        plan = updater.plan(params)
-        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-        blocks = tuple(_is_block_path(p) for p in paths)
+        flat = jax.tree_util.tree_flatten_with_path(params)[0]
+        blocks = tuple(_is_block_path(p) for p, _ in flat)
         if not any(blocks):
             raise ConfigError(
                 "the fuyou strategy needs a model with stacked blocks "
                 f"(a '{BLOCKS}' parameter subtree, as jaxoff.nn models have)"
             )
-        num_layers = next(leaf.shape[0] for leaf, b in zip(plan.leaves, blocks, strict=True) if b)
+        num_layers = next(np.shape(x)[0] for (_, x), b in zip(flat, blocks, strict=True) if b)
+        # a stacked leaf is paged one layer at a time: only a layer's chunks are indexed
+        plan = updater.plan(params, parts=tuple(num_layers if b else 1 for b in blocks))
         entries, store_of = {}, []
         for k, e in enumerate(plan.entries):
             shape = plan.leaves[e.leaf].shape

@@ -1,0 +1,102 @@
+"""The paged update indexes a leaf's chunks with int32: what it refuses, and what Fuyou may page.
+
+A leaf updated in one pass must hold fewer than ``2**31 - chunk_elems`` elements. Fuyou pages a
+stacked leaf one layer at a time, so only a layer must: the capacity model of
+``bench/capacity.py`` (132 layers at d_model 2048) has a stacked MLP kernel of 2.2 billion
+elements. Nothing here allocates a large array: plans and traces take shapes.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from jaxoff.aio import PageStore, new_token
+from jaxoff.models.gpt import GPTConfig
+from jaxoff.nn import Stack
+from jaxoff.optim import NotElementwiseError, chunk_updater, paged
+from jaxoff.strategies import _fuyou
+
+CHUNK = 1 << 20  # 262144 float32 elements
+LIMIT = 2**31 - CHUNK // 4
+
+
+def test_a_leaf_too_large_to_index_is_refused_with_what_to_do(tmp_path):
+    updater = chunk_updater(paged(optax.adamw(1e-3), str(tmp_path / "s"), chunk_bytes=CHUNK))
+    ok = {"w": jax.ShapeDtypeStruct((LIMIT - 1,), jnp.float32)}
+    assert updater.plan(ok).leaves[0].size == LIMIT - 1
+    big = {"w": jax.ShapeDtypeStruct((LIMIT,), jnp.float32)}
+    with pytest.raises(
+        NotElementwiseError, match=r"'w'.*2\*\*31.*split.*a layer at a time.*--fuyou"
+    ):
+        updater.plan(big)
+    assert not (tmp_path / "s").exists()  # refused before anything is written
+
+
+def test_a_stacked_leaf_paged_a_layer_at_a_time_may_exceed_int32(tmp_path):
+    updater = chunk_updater(paged(optax.adamw(1e-3), str(tmp_path / "s"), chunk_bytes=CHUNK))
+    stacked = {"w": jax.ShapeDtypeStruct((128, 4096, 4096), jnp.bfloat16)}  # 2**31 elements
+    with pytest.raises(NotElementwiseError, match="2147483648 elements at a time"):
+        updater.plan(stacked)
+    plan = updater.plan(stacked, parts=(128,))
+    assert plan.leaves[0].size == 2**31
+    with pytest.raises(NotElementwiseError, match="2147483648 elements at a time"):
+        updater.plan(stacked, parts=(1,))  # one part: the whole leaf
+
+
+def test_update_leaf_refuses_a_part_too_large_to_index(tmp_path):
+    """A plan made for layer-sized parts does not let a whole stacked leaf through."""
+    updater = chunk_updater(paged(optax.adamw(1e-3), str(tmp_path / "s"), chunk_bytes=CHUNK))
+    shape = (128, 4096, 4096)
+    plan = updater.plan({"w": jax.ShapeDtypeStruct(shape, jnp.bfloat16)}, parts=(128,))
+    leaf = plan.leaves[0]
+
+    def update(g, p):
+        return updater.update_leaf(
+            "unused", plan, leaf, g, p, [], [], [], jnp.int32(0), new_token()
+        )
+
+    whole = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    with pytest.raises(NotElementwiseError, match="2147483648 elements at a time"):
+        jax.eval_shape(update, whole, whole)
+
+
+class _Reached(Exception):
+    pass
+
+
+def test_fuyou_lays_out_a_model_whose_stacked_leaves_exceed_int32(tmp_path, monkeypatch):
+    """The capacity model: Fuyou plans it (a layer of each stacked leaf is 16.8M elements)
+    where the sequential paged update refuses it. The store is not created (it would take
+    80 GB): its creation is where the layout is checked."""
+    cfg = GPTConfig(
+        num_layers=132,
+        d_model=2048,
+        num_heads=16,
+        d_ff=8192,
+        max_seq_len=1024,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+        stack=Stack(policy="nothing_saveable"),
+    )
+    params = _fuyou._abstract_params(cfg)
+    tx = paged(optax.adamw(1e-3), str(tmp_path / "s"), chunk_bytes=16 << 20)
+    with pytest.raises(NotElementwiseError, match=r"blocks.*mlp.*2214592512 elements at a time"):
+        chunk_updater(tx).plan(params)
+
+    seen = {}
+
+    def open_or_create(root, entries, **kw):
+        seen.update(entries)
+        raise _Reached
+
+    monkeypatch.setattr(PageStore, "open_or_create", staticmethod(open_or_create))
+    with pytest.raises(_Reached):
+        _fuyou._layout(tx, params)
+    kernels = {
+        k: shape
+        for k, (shape, _) in seen.items()
+        if k.startswith("master.blocks.mlp.") and ".kernel@" in k
+    }
+    assert len(kernels) == 2 * 132  # up and down, per layer
+    assert set(kernels.values()) == {(2048, 8192), (8192, 2048)}
