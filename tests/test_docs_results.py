@@ -1,0 +1,60 @@
+"""Every result the README and docs name is committed, and the capacity records they quote obey
+the record rule (a bracket: the largest that fits trained >= 10 steps with its loss falling, and
+the next size up failed or exceeded the disk)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NAMED = re.compile(r"bench/results/[A-Za-z0-9_.\-/]*[A-Za-z0-9_\-/]")
+
+
+def named_results() -> list[str]:
+    return sorted({m for doc in DOCS for m in NAMED.findall(doc.read_text())})
+
+
+def test_the_docs_name_results():
+    assert len(named_results()) >= 10
+
+
+@pytest.mark.parametrize("name", named_results())
+def test_every_named_result_is_committed_and_readable(name):
+    path = ROOT / name
+    assert path.exists(), f"{name} is named in the docs but not committed"
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    assert files, f"{name} is an empty directory"
+    for f in files:
+        if f.suffix == ".json":
+            json.loads(f.read_text())
+
+
+# the capacity records quoted as records (10 steps, loss falling), by mode
+RECORDS = {
+    "capacity_fuyou_10steps.json": "fuyou",
+    "capacity_fuyou_nvme_lr1e-6.json": "fuyou-nvme",
+    "capacity_plain_10steps.json": "plain",
+}
+
+
+@pytest.mark.parametrize("name,mode", sorted(RECORDS.items()))
+def test_capacity_records_are_brackets_with_a_falling_loss(name, mode):
+    doc = json.loads((ROOT / "bench/results" / name).read_text())
+    recs = [r for r in doc["records"] if r["mode"] == mode]
+    fits = [r for r in recs if r.get("fits")]
+    assert fits, f"{name}: nothing fits"
+    best = max(fits, key=lambda r: r["num_layers"])
+    assert best["steps"] >= 10 and len(best["losses"]) == best["steps"]
+    assert best["loss_falling"] and best["data"] == "corpus"
+    first, second = best["pass_losses"]
+    assert second < first
+    above = [r for r in recs if r["num_layers"] == best["num_layers"] + 1]
+    assert above and not above[0].get("fits"), f"{name}: the next size up was not tried"
+    assert any(w in above[0]["why"] for w in ("disk-bound", "out of memory", "RSS")), above[0][
+        "why"
+    ]
+    # the README quotes the record's parameter count
+    assert f"{best['params'] / 1e9:.3f}B" in (ROOT / "README.md").read_text()
