@@ -509,3 +509,23 @@ def test_table_counts_bytes_busy_time_and_blocked_time(table):
     # each of the four blocking calls (write-behind, prefetch, take, flush) fed its counter
     for k in ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns"):
         assert after[k] > before[k], k
+
+
+def test_a_late_unregister_does_not_drop_the_table_that_replaced_it(tmp_path):
+    """Two owners register the same table name one after the other; the first one forgetting
+    its registration late leaves the second one's table in place."""
+    path = str(tmp_path / "a.bin")
+    first = register_file_table("late_owner", [path])
+    second = register_file_table("late_owner", [path])
+    assert first != second
+    try:
+        assert not unregister_file_table("late_owner", first)
+        assert file_table_backend("late_owner") is not None  # still registered
+        x = jnp.arange(1024, dtype=jnp.float32)
+        crc, tok = page_out("late_owner", 0, 0, x, new_token())
+        y, _ = page_in("late_owner", 0, 0, crc, tok, shape=(1024,), dtype=jnp.float32)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+        assert unregister_file_table("late_owner", second)
+        assert file_table_backend("late_owner") is None
+    finally:
+        unregister_file_table("late_owner")

@@ -417,3 +417,22 @@ def test_closing_the_optimizer_releases_the_store_files_and_reopening_registers_
     assert_trees_equal(params3, ref_params)
     tx.close()
     ref_tx.close()
+
+
+def test_an_optimizer_closed_late_leaves_the_table_of_the_one_on_its_store_now(tmp_path):
+    """The first optimizer's store is closed directly (not through tx.close()), a second one
+    opens the same store and registers its file table under the same name; the first one's
+    late close() must not drop the second one's table mid-training."""
+    tx1 = paged(OPTIMIZERS["adamw"](), tmp_path / "s", chunk_bytes=4096)
+    run(tx1, mlp_params(), 1)
+    tx1.pager.store.close()
+    tx2 = paged(OPTIMIZERS["adamw"](), tmp_path / "s", chunk_bytes=4096)
+    params2, state2, _ = run(tx2, mlp_params(), 2)
+    tx1.close()
+    # a step compiled now looks the table up by name (a compiled one holds the table it got)
+    params3, _ = make_step(tx2)(params2, state2, *batch(2))
+    ref_tx = paged(OPTIMIZERS["adamw"](), tmp_path / "ref", chunk_bytes=4096)
+    ref_params, _, _ = run(ref_tx, mlp_params(), 3)
+    assert_trees_equal(params3, ref_params)
+    tx2.close()
+    ref_tx.close()

@@ -46,6 +46,7 @@ a one-line :class:`~jaxoff.JaxoffError` (see :func:`jaxoff.aio.cuda_status`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Sequence
@@ -128,13 +129,18 @@ def _require_platform(target: str) -> None:
         )
 
 
+_tables: dict[str, int] = {}  # table name -> its current registration
+_registrations = itertools.count(1)
+_tables_lock = threading.Lock()
+
+
 def register_file_table(
     name: str,
     paths: Sequence[str | os.PathLike | Sequence[str | os.PathLike]],
     *,
     config: EngineConfig | None = None,
     stripe_bytes: int = 0,
-) -> None:
+) -> int:
     """Opens (creating if missing) the files a program pages to, under the table ``name``.
 
     Args:
@@ -144,6 +150,10 @@ def register_file_table(
         logical file is striped round-robin in ``stripe_bytes`` chunks (e.g. one per disk).
       config: engine knobs for this table (its own ring/threads and staging pool).
       stripe_bytes: stripe size for striped entries; a positive multiple of 4096.
+
+    Returns:
+      this registration's number: `unregister_file_table` given it forgets the table only
+      while it is still this registration (not one that replaced it since).
 
     Raises:
       OSError: a file cannot be opened (message names the path, errno and what to do).
@@ -156,15 +166,26 @@ def register_file_table(
             files.append([os.fspath(p)])
         else:
             files.append([os.fspath(q) for q in p])
-    _ffi.register_file_table(name, files, stripe_bytes=int(stripe_bytes), **config.as_kwargs())
+    with _tables_lock:
+        _ffi.register_file_table(name, files, stripe_bytes=int(stripe_bytes), **config.as_kwargs())
+        registration = _tables[name] = next(_registrations)
     from jaxoff.aio._backend import note_backend
 
     note_backend(config.backend, _ffi.file_table_backend(name))  # logs a fallback once
+    return registration
 
 
-def unregister_file_table(name: str) -> bool:
-    """Forgets a table (files close once no executable uses it). False if it did not exist."""
-    return bool(_ffi.unregister_file_table(name))
+def unregister_file_table(name: str, registration: int | None = None) -> bool:
+    """Forgets a table (files close once no executable uses it). False if it did not exist.
+
+    ``registration``: what `register_file_table` returned; the table is then forgotten only if
+    it is still that registration, so an owner closing late does not drop the table that
+    another one registered under the same name since (False then)."""
+    with _tables_lock:
+        if registration is not None and _tables.get(name) != registration:
+            return False
+        _tables.pop(name, None)
+        return bool(_ffi.unregister_file_table(name))
 
 
 def file_table_backend(name: str) -> str | None:

@@ -173,6 +173,7 @@ class Pager:
         self._plans: dict = {}
         self._probed: set = set()
         self._ios: list[EntryIO] | None = None
+        self._registration: int | None = None  # of the file table, while _ios is set
         self._lock = threading.Lock()
         self.close_hooks: list = []  # run by close(), once: what strategies opened beside
 
@@ -228,7 +229,9 @@ class Pager:
                 need = self.split_phase_bytes(plan)
                 if not self._engine_given and self.engine.pool_bytes < need:
                     self.engine = dataclasses.replace(self.engine, pool_bytes=need)
-                register_file_table(self.table, self.store.file_table(), config=self.engine)
+                self._registration = register_file_table(
+                    self.table, self.store.file_table(), config=self.engine
+                )
                 self._ios = entry_ios(self.store, [dt for _, dt in entries.values()])
             return self.store
 
@@ -268,8 +271,9 @@ class Pager:
         if self.store is not None:
             self.store.close()
         if self._ios is not None:
-            # the table holds every page file open; a reopened store registers it again
-            unregister_file_table(self.table)
+            # the table holds every page file open; a reopened store registers it again.
+            # Only this optimizer's registration: another one may have replaced it since.
+            unregister_file_table(self.table, self._registration)
             self._ios = None
         hooks, self.close_hooks = self.close_hooks, []
         for hook in hooks:

@@ -245,9 +245,10 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
         if engine.pool_bytes < need:
             engine = dataclasses.replace(engine, pool_bytes=need)
         table = f"jaxoff.fuyou:{updater.root}"
-        register_file_table(table, store.file_table(), config=engine)
-        # the table holds the store's files open: released with the store (tx.close())
-        updater.on_close(functools.partial(unregister_file_table, table))
+        registration = register_file_table(table, store.file_table(), config=engine)
+        # the table holds the store's files open: released with the store (tx.close()),
+        # unless another optimizer on this root has registered it since
+        updater.on_close(functools.partial(unregister_file_table, table, registration))
         per_store = [(io.file_ids, io.offsets) for io in entry_ios(store)]
         n_opt = len(store_of) - 1
         fids: list = [[] for _ in plan.entries]
