@@ -6,14 +6,15 @@ stacked leaf one layer at a time, so only a layer must: the capacity model of
 elements. Nothing here allocates a large array: plans and traces take shapes.
 """
 
+import importlib.util
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import optax
 import pytest
 
 from jaxoff.aio import PageStore, new_token
-from jaxoff.models.gpt import GPTConfig
-from jaxoff.nn import Stack
 from jaxoff.optim import NotElementwiseError, chunk_updater, paged
 from jaxoff.strategies import _fuyou
 
@@ -61,6 +62,15 @@ def test_update_leaf_refuses_a_part_too_large_to_index(tmp_path):
         jax.eval_shape(update, whole, whole)
 
 
+def _capacity_module():
+    """``bench/capacity.py``, whose ``model_config`` makes the capacity probes' models."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "capacity.py"
+    spec = importlib.util.spec_from_file_location("capacity", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 class _Reached(Exception):
     pass
 
@@ -69,16 +79,7 @@ def test_fuyou_lays_out_a_model_whose_stacked_leaves_exceed_int32(tmp_path, monk
     """The capacity model: Fuyou plans it (a layer of each stacked leaf is 16.8M elements)
     where the sequential paged update refuses it. The store is not created (it would take
     80 GB): its creation is where the layout is checked."""
-    cfg = GPTConfig(
-        num_layers=132,
-        d_model=2048,
-        num_heads=16,
-        d_ff=8192,
-        max_seq_len=1024,
-        dtype="bfloat16",
-        param_dtype="bfloat16",
-        stack=Stack(policy="nothing_saveable"),
-    )
+    cfg = _capacity_module().model_config(132, 2048, 128, "fuyou")
     params = _fuyou._abstract_params(cfg)
     tx = paged(optax.adamw(1e-3), str(tmp_path / "s"), chunk_bytes=16 << 20)
     with pytest.raises(NotElementwiseError, match=r"blocks.*mlp.*2214592512 elements at a time"):
