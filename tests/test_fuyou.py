@@ -350,6 +350,47 @@ def test_paged_parameters_are_read_beside_the_layer_that_computes(tmp_path):
     tx1.close()
 
 
+def _is_take(eqn) -> bool:
+    return eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") == "jaxoff_page_take"
+
+
+@pytest.mark.parametrize("page_params", [False, True])
+def test_optimizer_state_is_read_a_layer_ahead_of_its_update(tmp_path, page_params):
+    """On the traced program: the backward scan's step starts the reads of the first chunk
+    of every optimizer-state tensor of the layer it differentiates (updated by the next
+    step) and hands their tickets to the next step through the carry, and the update it
+    runs takes the first chunk of every tensor of its own layer from tickets that came in
+    through the carry: the reads were issued a whole layer's backward earlier, so the
+    update does not wait for them."""
+    cfg = config("float32")
+    if page_params:
+        tx, state, _ = paged_params_run(cfg, tmp_path / "s")
+        graphdef = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)[0]
+    else:
+        graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
+        tx = paged(inner(), tmp_path / "s", chunk_bytes=CHUNK)
+        state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
+    lay = _layout(tx, None, page_params)  # laid out by fuyou_init
+    per_layer = sum(len(leaf.entries) for leaf in lay.plan.leaves if lay.blocks[leaf.index])
+    param_chunks = sum(len(e.chunks) for e in lay.params)  # the parameters' own reads ahead
+    step = make_fuyou_step(graphdef, cfg, tx, page_params=page_params)
+    closed = jax.make_jaxpr(step)(state, *batch(0))
+    loops = [
+        e
+        for e in closed.jaxpr.eqns
+        if e.primitive.name == "scan" and _contains(e, _is_dot) and _contains(e, _is_take)
+    ]
+    body = loops[-1].params["jaxpr"].jaxpr  # the backward scan (forward first when paged)
+    outs = {v for v in body.outvars if isinstance(v, jex_core.Var)}
+    carried = [e for e in body.eqns if _is_prefetch(e) and set(e.outvars) & outs]
+    ins = set(body.invars)
+    from_carry = [e for e in body.eqns if _is_take(e) and e.invars[0] in ins]
+    assert per_layer >= 4
+    assert len(carried) == per_layer + param_chunks
+    assert len(from_carry) == per_layer + param_chunks
+    tx.close()
+
+
 def test_paged_parameters_refuse_bad_input_and_detect_corruption(tmp_path):
     cfg = config("float32")
     graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)

@@ -41,10 +41,11 @@ from jaxoff.optim._paged import (
     Pager,
     _write_chunk,
     entry_ios,
+    prefetch_bytes,
     ram_bytes,
     ram_bytes_np,
 )
-from jaxoff.optim._pipeline import EntryIO, page_leaf
+from jaxoff.optim._pipeline import EntryIO, page_leaf, prefetch_chunk
 from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, check_index_range, path_name
 
 __all__ = [
@@ -142,6 +143,11 @@ class ChunkUpdater:
         """Engine staging bytes that split-phase paging of ``plan``'s leaves needs."""
         return self._pager.split_phase_bytes(plan)
 
+    def head_bytes(self, plan: Plan, leaf: LeafPlan, n: int) -> int:
+        """Staging that `prefetch_head` of ``n`` elements of ``leaf`` holds until taken (add
+        it to ``split_phase_bytes`` for every head in flight at once)."""
+        return prefetch_bytes(plan, leaf, n)
+
     # ------------------------------------------------------------------ init
 
     def ram_init(self, plan: Plan) -> list:
@@ -154,6 +160,23 @@ class ChunkUpdater:
         return _chunk.chunk_init(plan, self._pager.inner, self._pager.master_dtype, j, p)
 
     # ------------------------------------------------------------------ update
+
+    def prefetch_head(
+        self,
+        table: str,
+        ios: list[EntryIO],
+        crcs: list[jax.Array],
+        read_slot: jax.Array,
+        n: int,
+        token: jax.Array,
+    ) -> list[jax.Array]:
+        """Starts the reads of the first chunk (``n`` elements) of every paged tensor behind
+        ``ios`` (a leaf's entries, or one layer's part of them); returns the tickets to give
+        `update_leaf` as ``head``. Nothing here depends on gradients or parameters, so a
+        caller issues it early (a layer ahead) and the reads run behind other work. The
+        tickets hold `head_bytes` of staging until taken.
+        """
+        return prefetch_chunk(table, ios, crcs, read_slot, 0, n, token)
 
     def ram_update(self, plan: Plan, ram: list, extra: dict | None = None) -> list:
         """The inner optimizer's new RAM leaves after one update, from its current ``ram``."""
@@ -176,6 +199,7 @@ class ChunkUpdater:
         extra: dict | None = None,
         apply: bool = True,
         split_phase: bool = True,
+        head: list[jax.Array] | None = None,
     ) -> tuple[jax.Array, list[jax.Array], jax.Array]:
         """Pages ``params`` (leaf ``leaf`` of ``plan``, or a slice of it) through the update.
 
@@ -201,6 +225,8 @@ class ChunkUpdater:
             of them gives the new parameters).
           split_phase: write-behind writes: ``page_flush`` the table before committing.
             Staging must hold `split_phase_bytes`.
+          head: split phase only: the tickets of `prefetch_head` for these entries' first
+            chunk, issued earlier; the pipeline takes them instead of reading that chunk.
 
         Returns:
           ``(new params or updates (shape of params), per entry the crcs written, token)``.
@@ -231,6 +257,7 @@ class ChunkUpdater:
             compute,
             token,
             split_phase=split_phase,
+            head=None if head is None else [head],
         )
         return out.reshape(params.shape), crcs, token
 

@@ -31,7 +31,7 @@ from jaxoff.aio._layout import ALIGN, MAX_CHUNK_BYTES, check_chunk_bytes, check_
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
 from jaxoff.optim._pipeline import EntryIO, page_leaf, prefetch_chunk
-from jaxoff.optim._plan import RAM_ENTRY, Plan, canonical, make_plan
+from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
 from jaxoff.optim._state import PagedState, make_state
 
@@ -148,6 +148,16 @@ def _is_concrete(tree) -> bool:
     return not isinstance(jnp.zeros((), jnp.int32), jax.core.Tracer)
 
 
+def prefetch_bytes(plan: Plan, leaf: LeafPlan, n: int) -> int:
+    """Staging that a prefetch of ``n`` elements of every paged tensor of ``leaf`` may hold
+    until it is taken: each read counted twice its size rounded up to ``ALIGN`` (staging
+    buffers, like O_DIRECT transfers, are 4 KiB-aligned, and staging may serve a request with
+    a cached buffer up to twice as large; a prefetch that finds no room is refused)."""
+    return sum(
+        2 * (-(-n * plan.entries[k].storage.itemsize // ALIGN) * ALIGN) for k in leaf.entries
+    )
+
+
 class Pager:
     """Everything behind one `paged` transformation: plan, store, compiled tables."""
 
@@ -257,10 +267,8 @@ class Pager:
         for leaf in plan.leaves:
             if not leaf.entries:  # nothing paged (e.g. masked out): nothing to read
                 continue
-            itemsizes = [plan.entries[k].storage.itemsize for k in leaf.entries]
             for i in range(leaf.num_chunks):
-                n = leaf.chunk_size(i)
-                need = sum(2 * (-(-n * s // ALIGN) * ALIGN) for s in itemsizes)
+                need = prefetch_bytes(plan, leaf, leaf.chunk_size(i))
                 if need > room:
                     return heads
                 room -= need

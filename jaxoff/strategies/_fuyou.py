@@ -241,6 +241,12 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
         chunk = store.chunk_bytes
         # a layer's parameters prefetched ahead, and a layer's written behind, when paged
         need += 2 * sum(-(-fp.layer_nbytes(lf) // chunk) * chunk for lf in pleaves)
+        # the first chunk of every leaf of a layer prefetched a layer ahead of its update
+        # (two layers' at once: one being taken, the next one issued), and of every other
+        # leaf from the start of the backward pass
+        for leaf in plan.leaves:
+            n0 = _head_elems(leaf, num_layers if blocks[leaf.index] else 1)
+            need += (2 if blocks[leaf.index] else 1) * updater.head_bytes(plan, leaf, n0)
         engine = updater.engine
         if engine.pool_bytes < need:
             engine = dataclasses.replace(engine, pool_bytes=need)
@@ -282,6 +288,11 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
         lay = _Layout(plan, blocks, num_layers, names, store_of, fids, offs, table, store, pentries)
         _layouts[updater] = lay
         return lay
+
+
+def _head_elems(leaf, parts: int) -> int:
+    """Elements of the first chunk of one of ``parts`` equal parts of ``leaf``."""
+    return min(leaf.chunk_elems, leaf.size // parts)
 
 
 def _layer_chunks(lay: _Layout, leaf) -> tuple[int, int]:
@@ -583,14 +594,45 @@ def make_fuyou_step(
         new_ram = updater.ram_update(plan, inner_ram, {})
         new_crcs: list = [None] * (len(plan.entries) + 1)
 
-        def update_leaf(leaf, g, p, crcs, fids, offs, tok):
-            ios = [
+        def leaf_ios(leaf, fids, offs):
+            return [
                 EntryIO(f, o, plan.entries[k].storage)
                 for k, f, o in zip(leaf.entries, fids, offs, strict=True)
             ]
+
+        def update_leaf(leaf, g, p, head, crcs, fids, offs, tok):
+            ios = leaf_ios(leaf, fids, offs)
             return updater.update_leaf(
-                lay.table, plan, leaf, g, p, inner_ram, ios, crcs, read_slot, tok, extra={}
+                lay.table,
+                plan,
+                leaf,
+                g,
+                p,
+                inner_ram,
+                ios,
+                crcs,
+                read_slot,
+                tok,
+                extra={},
+                head=head,
             )
+
+        def prefetch_heads(leaves_, crcs, fids, offs):
+            """Tickets of the first chunk of every entry of ``leaves_`` (of one layer, for
+            block leaves), for `update_leaf`'s ``head``: issued a layer ahead of the update,
+            so that its reads are not waited for (in order, after no write of this step:
+            nothing reads what this step writes)."""
+            tok, heads = new_token(), []
+            for leaf, c, f, o in zip(leaves_, crcs, fids, offs, strict=True):
+                if not leaf.entries:
+                    heads.append(None)
+                    continue
+                parts = lay.num_layers if lay.blocks[leaf.index] else 1
+                n0 = _head_elems(leaf, parts)
+                t = updater.prefetch_head(lay.table, leaf_ios(leaf, f, o), c, read_slot, n0, tok)
+                heads.append(t)
+                tok = t[-1]
+            return heads
 
         bleaves = [plan.leaves[i] for i in bidx]
 
@@ -608,11 +650,17 @@ def make_fuyou_step(
             g_layer, gh = vjp_layer(layer, h_in, gh)
             return layer, g_layer, gh
 
-        def update_layer(g_layer, layer, crcs, fids, offs, tok):
+        def layer_heads(crcs, fids, offs):
+            """`prefetch_heads` of one layer's block leaves (tables indexed by that layer)."""
+            return prefetch_heads(bleaves, crcs, fids, offs)
+
+        def update_layer(g_layer, layer, heads, crcs, fids, offs, tok):
             """One layer's paged update: its new parameters, crcs and squares."""
             new_layer, out_crcs, sq = [], [], []
-            for leaf, g, p, c, f, o in zip(bleaves, g_layer, layer, crcs, fids, offs, strict=True):
-                p_new, c_new, tok = update_leaf(leaf, g, p, c, f, o, tok)
+            for leaf, g, p, hd, c, f, o in zip(
+                bleaves, g_layer, layer, heads, crcs, fids, offs, strict=True
+            ):
+                p_new, c_new, tok = update_leaf(leaf, g, p, hd, c, f, o, tok)
                 new_layer.append(p_new)
                 out_crcs.append(c_new)
                 sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
@@ -628,6 +676,19 @@ def make_fuyou_step(
         # read of the stack follows every write and XLA needs no copy of it to keep an old
         # value. The top layer is differentiated before the scan, layer 0 updated after it.
         tables = (per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
+        # Reads a layer ahead: the first chunk of every paged tensor of the layer updated
+        # next is prefetched one scan step before its update (in the step that
+        # differentiates it), so the update takes chunks already in staging; the top
+        # layer's and the other leaves' are prefetched now, before the backward pass.
+        rleaves = [plan.leaves[i] for i in ridx]
+        rest_heads = prefetch_heads(
+            rleaves,
+            *(
+                [[t[k] for k in leaf.entries] for leaf in rleaves]
+                for t in (opt.crcs, lay.fids, lay.offs)
+            ),
+        )
+        top_heads = layer_heads(*jax.tree.map(lambda t: t[last], tables))
         pcrcs_b: list = []
         if page_params:
             write_slot = 1 - read_slot
@@ -642,6 +703,8 @@ def make_fuyou_step(
                 gh,
                 vjp_layer,
                 update_layer,
+                layer_heads,
+                top_heads,
             )
             new_stacked = [leaves[i] for i in bidx]  # the placeholders, as they came
         else:
@@ -649,21 +712,28 @@ def make_fuyou_step(
             top = [_bits(x) for x in layer]  # first written: the top layer, unchanged
 
             def bbody(carry, xs):
-                gh, tok, blocks, g_up, p_up, pending, pending_j = carry
-                j, h_in, (crcs, fids, offs) = xs  # the tables are layer j + 1's
+                gh, tok, blocks, g_up, p_up, heads_up, pending, pending_j = carry
+                j, h_in, up_tables, tables_j = xs  # layer j + 1's tables, layer j's
+                heads_j = layer_heads(*tables_j)  # for the next step's update of layer j
                 blocks = _put_layer(blocks, pending, pending_j)
                 layer, g_layer, gh = backward(blocks, j, h_in, gh)
-                new_up, crcs_up, sq_up, tok = update_layer(g_up, p_up, crcs, fids, offs, tok)
+                new_up, crcs_up, sq_up, tok = update_layer(g_up, p_up, heads_up, *up_tables, tok)
                 new_up = [_bits(x) for x in new_up]
-                return (gh, tok, blocks, g_layer, layer, new_up, j + 1), (crcs_up, sq_up)
+                carry = (gh, tok, blocks, g_layer, layer, heads_j, new_up, j + 1)
+                return carry, (crcs_up, sq_up)
 
-            xs = (jnp.arange(last), saved[:last], jax.tree.map(lambda t: t[1:], tables))
-            carry = (gh, new_token(), stacked, g_layer, layer, top, jnp.asarray(last))
+            xs = (
+                jnp.arange(last),
+                saved[:last],
+                jax.tree.map(lambda t: t[1:], tables),
+                jax.tree.map(lambda t: t[:last], tables),
+            )
+            carry = (gh, new_token(), stacked, g_layer, layer, top_heads, top, jnp.asarray(last))
             carry, (crcs_up, sq_up) = lax.scan(bbody, carry, xs, reverse=True)
-            gh, tok, new_stacked, g_layer, layer, pending, pending_j = carry
+            gh, tok, new_stacked, g_layer, layer, heads_0, pending, pending_j = carry
             new_stacked = _put_layer(new_stacked, pending, pending_j)
             first = jax.tree.map(lambda t: t[0], tables)
-            new_0, crcs_0, sq_0, tok = update_layer(g_layer, layer, *first, tok)
+            new_0, crcs_0, sq_0, tok = update_layer(g_layer, layer, heads_0, *first, tok)
             new_stacked = _put_layer(new_stacked, [_bits(x) for x in new_0], 0)
             crcs_b = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), crcs_0, crcs_up)
             sq_b = jnp.concatenate([sq_0[None], sq_up])
@@ -681,7 +751,9 @@ def make_fuyou_step(
         for i, ni in zip(bidx, new_stacked, strict=True):
             new_leaves[i] = ni
         sq_r = []
-        for i, gf, gb, uf, ub in zip(ridx, g_front, g_back, used_front, used_back, strict=True):
+        for i, gf, gb, uf, ub, hd in zip(
+            ridx, g_front, g_back, used_front, used_back, rest_heads, strict=True
+        ):
             g = gf + gb if uf and ub else (gf if uf else gb)
             g = lax.optimization_barrier(g)
             sq_r.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
@@ -690,6 +762,7 @@ def make_fuyou_step(
                 leaf,
                 g,
                 leaves[i],
+                hd,
                 [opt.crcs[k] for k in leaf.entries],
                 [lay.fids[k] for k in leaf.entries],
                 [lay.offs[k] for k in leaf.entries],

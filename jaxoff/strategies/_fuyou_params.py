@@ -157,14 +157,29 @@ def forward(lay, pcrcs, read_slot, block, x0):
     return block(top, h), saved, top
 
 
-def backward(lay, pcrcs, read_slot, write_slot, tables, saved, top, gh, vjp_layer, update):
+def backward(
+    lay,
+    pcrcs,
+    read_slot,
+    write_slot,
+    tables,
+    saved,
+    top,
+    gh,
+    vjp_layer,
+    update,
+    heads_of,
+    top_heads,
+):
     """The backward layer scan with the parameters read from the store, one layer ahead,
     software-pipelined as the in-memory one (layer ``j``'s gradients beside layer
     ``j + 1``'s update), each update writing its layer's new parameters to ``write_slot``.
 
     ``tables``: per block leaf, the optimizer entries' ``(crcs, fids, offs)`` (``[L, ...]``);
-    ``vjp_layer(layer, h_in, gh) -> (g_layer, gh)``; ``update(g, layer, crcs, fids, offs,
-    tok) -> (new_layer, crcs, squares, tok)``.
+    ``vjp_layer(layer, h_in, gh) -> (g_layer, gh)``; ``update(g, layer, heads, crcs, fids,
+    offs, tok) -> (new_layer, crcs, squares, tok)``; ``heads_of(crcs, fids, offs)`` (one
+    layer's tables) prefetches the first chunks of that layer's optimizer state, issued in
+    the scan step before its update; ``top_heads``: those of the top layer, issued before.
 
     Returns ``(crcs, squares, param_crcs, gh, token)``, per layer stacked in layer order.
     """
@@ -173,34 +188,43 @@ def backward(lay, pcrcs, read_slot, write_slot, tables, saved, top, gh, vjp_laye
     g_layer, gh = vjp_layer(top, saved[last], gh)
     layer = top
 
-    def step(j, layer_j, h_in, gh, g_up, p_up, up_tables, tok):
+    def step(j, layer_j, h_in, gh, g_up, p_up, heads_up, up_tables, tok):
         """Layer j's gradients, and layer j + 1's update and parameter writes."""
         g_j, gh = vjp_layer(layer_j, h_in, gh)
-        new_up, crcs_up, sq_up, tok = update(g_up, p_up, *up_tables, tok)
+        new_up, crcs_up, sq_up, tok = update(g_up, p_up, heads_up, *up_tables, tok)
         pc_up, tok = write_layer(table, entries, new_up, write_slot, j + 1, tok)
         return gh, g_j, (crcs_up, sq_up, pc_up), tok
 
     def body(carry, xs):
-        gh, tok, g_up, p_up, ticket = carry
-        j, h_in, up_tables = xs  # the tables are layer j + 1's
+        gh, tok, g_up, p_up, heads_up, ticket = carry
+        j, h_in, up_tables, tables_j = xs  # layer j + 1's tables, layer j's
+        heads_j = heads_of(*tables_j)  # for the next step's update of layer j
         layer_j, _ = take_layer(table, entries, ticket, rtok)
         ahead = prefetch_layer(table, entries, pcrcs, read_slot, j - 1, rtok)
-        gh, g_j, out, tok = step(j, layer_j, h_in, gh, g_up, p_up, up_tables, tok)
-        return (gh, tok, g_j, layer_j, ahead), out
+        gh, g_j, out, tok = step(j, layer_j, h_in, gh, g_up, p_up, heads_up, up_tables, tok)
+        return (gh, tok, g_j, layer_j, heads_j, ahead), out
 
     tok = new_token()
     outs = []
+    heads = top_heads
     if last >= 1:
         ticket = prefetch_layer(table, entries, pcrcs, read_slot, last - 1, rtok)
-        xs = (jnp.arange(1, last), saved[1:last], jax.tree.map(lambda t: t[2:], tables))
-        carry = (gh, tok, g_layer, layer, ticket)
-        (gh, tok, g_layer, layer, ticket), scanned = lax.scan(body, carry, xs, reverse=True)
+        xs = (
+            jnp.arange(1, last),
+            saved[1:last],
+            jax.tree.map(lambda t: t[2:], tables),
+            jax.tree.map(lambda t: t[1:last], tables),
+        )
+        carry = (gh, tok, g_layer, layer, heads, ticket)
+        (gh, tok, g_layer, layer, heads, ticket), scanned = lax.scan(body, carry, xs, reverse=True)
+        heads_0 = heads_of(*jax.tree.map(lambda t: t[0], tables))
         layer_0, _ = take_layer(table, entries, ticket, rtok)
         up_tables = jax.tree.map(lambda t: t[1], tables)
-        gh, g_0, out_1, tok = step(0, layer_0, saved[0], gh, g_layer, layer, up_tables, tok)
+        gh, g_0, out_1, tok = step(0, layer_0, saved[0], gh, g_layer, layer, heads, up_tables, tok)
         outs = [jax.tree.map(lambda x: x[None], out_1), scanned]
-        g_layer, layer = g_0, layer_0
-    new_0, crcs_0, sq_0, tok = update(g_layer, layer, *jax.tree.map(lambda t: t[0], tables), tok)
+        g_layer, layer, heads = g_0, layer_0, heads_0
+    first = jax.tree.map(lambda t: t[0], tables)
+    new_0, crcs_0, sq_0, tok = update(g_layer, layer, heads, *first, tok)
     pc_0, tok = write_layer(table, entries, new_0, write_slot, 0, tok)
     outs = [jax.tree.map(lambda x: x[None], (crcs_0, sq_0, pc_0)), *outs]
     crcs, sq, pcrcs_new = jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
