@@ -38,7 +38,7 @@ def test_crash_during_update_resumes_bitwise(tmp_path, when):
     root = tmp_path / "store"
     crash_at, total = 3, 6
     kill = (
-        "PageStore.commit = lambda self, crcs=None: os.kill(os.getpid(), signal.SIGKILL)"
+        "PageStore.commit = lambda self, crcs=None, **kw: os.kill(os.getpid(), signal.SIGKILL)"
         if when == "before_commit"
         else "threading.Timer(0.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()"
     )
@@ -56,6 +56,7 @@ def test_crash_during_update_resumes_bitwise(tmp_path, when):
         for t in range({crash_at}):
             params, state = step(params, state, *batch(t))
         jax.block_until_ready(state)
+        tx.store.wait_committed()  # the last step's commit runs behind it: durable now
         {kill}
         for t in range({crash_at}, {crash_at} + 50):
             params, state = step(params, state, *batch(t))

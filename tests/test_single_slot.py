@@ -57,7 +57,7 @@ def test_crash_mid_update_of_a_single_slot_store_resumes_from_the_checkpoint(tmp
                 np.array([np.asarray(x).view(np.uint16) for x in jax.tree.leaves(params)],
                          dtype=object), allow_pickle=True)
         # step 4 overwrites every chunk in place, then dies before its commit
-        PageStore.commit = lambda self, crcs=None: os.kill(os.getpid(), signal.SIGKILL)
+        PageStore.commit = lambda self, crcs=None, **kw: os.kill(os.getpid(), signal.SIGKILL)
         params, state = step(params, state, *batch(3))
         jax.block_until_ready(state)
         print("NOT KILLED")

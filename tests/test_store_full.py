@@ -1,5 +1,5 @@
-"""A full disk or a file size limit under a paged optimizer: at a commit inside a jitted step
-(the store's error is recovered from JAX's runtime error) and while writing a paged checkpoint
+"""A full disk or a file size limit under a paged optimizer: at a commit behind a jitted step
+(raised by the next step; the store's error is recovered from JAX's runtime error) and while writing a paged checkpoint
 (a one-line error, nothing left that looks saved). Real small filesystems (tmpfs), and
 RLIMIT_FSIZE in a child process."""
 
@@ -58,15 +58,20 @@ def _one_step(root):
     tx = paged(optax.adam(1e-2), root / "s", chunk_bytes=4096)
     step = make_step(tx)
     params, state = step(mlp_params(), tx.init(mlp_params()), *batch(0))
-    return tx, step, jax.block_until_ready((params, state))
+    out = jax.block_until_ready((params, state))
+    tx.store.wait_committed()  # the step's commit runs behind it: durable before a disk fills
+    return tx, step, out
 
 
 def test_full_disk_at_commit_is_recoverable_from_the_runtime_error(small_fs):
     tx, step, (params, state) = _one_step(small_fs)
     version = tx.store.version
     filler = _fill(small_fs)
+    # a step's commit runs behind the caller (PageStore.commit(background=True)): the step
+    # returns, and the next one raises the commit's error before it reads or writes a page
+    params, state = jax.block_until_ready(step(params, state, *batch(1)))
     with pytest.raises(jax.errors.JaxRuntimeError) as info:
-        jax.block_until_ready(step(params, state, *batch(1)))
+        jax.block_until_ready(step(params, state, *batch(2)))
     err = store_error_from(info.value)
     assert isinstance(err, PageStoreFullError) and err.errno == errno.ENOSPC
     assert err is tx.store.last_error  # the very exception the commit raised

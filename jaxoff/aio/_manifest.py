@@ -231,7 +231,8 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
 
 def write(root: str, layout: Layout, version: int, crcs: Crcs) -> None:
     """Atomically replaces ``<root>/manifest.json``: write temp, fsync, rename, fsync dir."""
-    data = json.dumps(to_json(layout, version, crcs), indent=1).encode()
+    # compact: the C encoder (an indented dump runs the pure-Python one, ~5x slower)
+    data = json.dumps(to_json(layout, version, crcs), separators=(",", ":")).encode()
     tmp = os.path.join(root, MANIFEST_TMP)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -79,6 +80,9 @@ class PageStore:
         self.last_error: PageStoreError | None = None
         """The last error a `commit` raised (also when it was raised inside a JAX callback,
         where JAX wraps it: see `jaxoff.aio.store_error_from`)."""
+        self._finishing: threading.Thread | None = None  # a background commit's thread
+        self._finish_error: tuple | None = None  # (error, version, crcs) it failed with
+        self._finish_lock = threading.Lock()
 
     # ----------------------------------------------------------------- construction
 
@@ -317,6 +321,7 @@ class PageStore:
     def write(self, name: str, array: Any) -> None:
         """Writes a whole entry into the inactive slot; it becomes current at `commit`."""
         self._check_open()
+        self.wait_committed()
         ei = self._layout.index(name)
         e = self._layout.entries[ei]
         arr = self._as_array(e, array, e.shape, f"entry {name!r}")
@@ -328,6 +333,7 @@ class PageStore:
     def write_chunk(self, name: str, chunk_index: int, data: Any) -> None:
         """Writes one chunk (``elem_count`` elements of the entry's dtype) to the inactive slot."""
         self._check_open()
+        self.wait_committed()
         ei = self._layout.index(name)
         e, c = self._layout.entries[ei], self._chunk(ei, chunk_index)
         arr = self._as_array(e, data, None, f"chunk {chunk_index} of {name!r}")
@@ -337,12 +343,22 @@ class PageStore:
             )
         self._write_raw(ei, c.index, arr.reshape(-1).view(np.uint8))
 
-    def commit(self, crcs: Mapping[str, Any] | None = None) -> int:
+    def commit(self, crcs: Mapping[str, Any] | None = None, *, background: bool = False) -> int:
         """Makes everything written to the inactive slot durable and current; returns the version.
 
         Args:
           crcs: ``{name: [crc32c per chunk]}`` for chunks written by someone else (the FFI
             page-out calls); ``None`` items keep what `write`/`write_chunk` recorded.
+          background: return as soon as the new version is decided, and make it durable (fsync
+            the slot, write the manifest) on a thread while the caller goes on: a paged step
+            commits this way, so the disk's cache flush runs behind the next step's forward
+            pass instead of ending this one. Until it is done this process already reads the
+            new version (`version` reports it), every write to the store and the next commit
+            first wait for it (`wait_committed`; writes must not overwrite the slot of the
+            last durable version), and a crash leaves the previous version current, as a
+            crash before a commit does. If it fails, the store goes back to the previous
+            version and the next `wait_committed` (hence the next write, commit, `abort`,
+            `verify` or `close`) raises its error.
 
         Every chunk of every entry must have been written for the new version: an unwritten
         chunk would silently expose data two versions old.
@@ -352,12 +368,32 @@ class PageStore:
             space for the manifest (the previous version stays current).
         """
         try:
-            return self._commit(crcs)
+            self.wait_committed()
+            return self._commit(crcs, background)
         except PageStoreError as e:
             self.last_error = _error_from.record(e)
             raise
 
-    def _commit(self, crcs: Mapping[str, Any] | None) -> int:
+    def wait_committed(self) -> None:
+        """Waits for a background `commit` to be durable; raises its error if it failed (once:
+        the store is then back at the previous version)."""
+        with self._finish_lock:
+            thread, self._finishing = self._finishing, None
+            if thread is not None:
+                thread.join()
+            failed, self._finish_error = self._finish_error, None
+        if failed is not None:
+            error, self._version, self._crcs = failed
+            self.last_error = _error_from.record(error)
+            raise error
+
+    def commit_failed(self) -> PageStoreError | None:
+        """The error of a background `commit` that has already failed (not waiting for one
+        still running); None if there is none."""
+        failed = self._finish_error
+        return None if failed is None else failed[0]
+
+    def _commit(self, crcs: Mapping[str, Any] | None, background: bool = False) -> int:
         self._check_open()
         pending = {n: list(v) for n, v in self._pending.items()}
         for name, values in (crcs or {}).items():
@@ -376,18 +412,43 @@ class PageStore:
                 "crcs, or call abort()"
             )
         slot = self.inactive_slot
-        self._files.fsync_slot(slot)
         new_crcs = {s: dict(self._crcs[s]) for s in SLOTS}
         new_crcs[slot] = pending
-        _faults.point("store.commit")  # data durable, the old manifest still current
-        _manifest.write(self._root, self._layout, self._version + 1, new_crcs)
-        self._version += 1
-        self._crcs = new_crcs
+        version, old = self._version + 1, (self._version, self._crcs)
+        if not background:
+            self._make_durable(slot, version, new_crcs)
+        self._version, self._crcs = version, new_crcs
         self._pending = self._no_crcs()
-        return self._version
+        if background:
+
+            def finish():
+                try:
+                    self._make_durable(slot, version, new_crcs)
+                except BaseException as e:  # raised by wait_committed, in the caller's thread
+                    err = (
+                        e
+                        if isinstance(e, PageStoreError)
+                        else PageStoreError(
+                            f"background commit of version {version} of {self._root} failed: "
+                            f"{e!r}; the previous version is still current"
+                        )
+                    )
+                    self._finish_error = (err, *old)
+
+            self._finishing = threading.Thread(
+                target=finish, name=f"jaxoff-commit:{self._root}", daemon=False
+            )
+            self._finishing.start()
+        return version
+
+    def _make_durable(self, slot: str, version: int, crcs: _manifest.Crcs) -> None:
+        self._files.fsync_slot(slot)
+        _faults.point("store.commit")  # data durable, the old manifest still current
+        _manifest.write(self._root, self._layout, version, crcs)
 
     def abort(self) -> None:
         """Forgets uncommitted writes; the inactive slot's contents are then meaningless."""
+        self.wait_committed()
         self._pending = self._no_crcs()
 
     def verify(self) -> int:
@@ -397,6 +458,7 @@ class PageStore:
           PageStoreCorruptError: listing the first bad chunks.
         """
         self._check_open()
+        self.wait_committed()
         errors, checked = [], 0
         for ei, e in enumerate(self._layout.entries):
             if self._version == 0:
@@ -425,7 +487,15 @@ class PageStore:
         A single-slot store keeps its ``IN_PLACE_OPEN`` mark when writes of this process were
         not committed (the committed version was partly overwritten): the next open checks it.
         """
-        if not self.closed and self._layout.slots == 1:
+        try:
+            self.wait_committed()  # raised after the lock is released (nothing is lost)
+        except PageStoreError:
+            self._release(torn=True)  # a single-slot store was overwritten, not committed
+            raise
+        self._release()
+
+    def _release(self, torn: bool = False) -> None:
+        if not self.closed and self._layout.slots == 1 and not torn:
             if not any(v is not None for vs in self._pending.values() for v in vs):
                 mark = os.path.join(self._root, IN_PLACE_MARK)
                 if os.path.exists(mark):

@@ -14,6 +14,7 @@ from ._chunks_api import EntryIO as EntryIO
 from ._chunks_api import LeafPlan as LeafPlan
 from ._chunks_api import Plan as Plan
 from ._chunks_api import chunk_updater as chunk_updater
+from ._chunks_api import commit_gate as commit_gate
 from ._chunks_api import ends_with_paged as ends_with_paged
 from ._chunks_api import entry_ios as entry_ios
 from ._chunks_api import path_name as path_name
@@ -44,6 +45,7 @@ __all__ = [
     "LeafPlan",
     "Plan",
     "chunk_updater",
+    "commit_gate",
     "ends_with_paged",
     "entry_ios",
     "path_name",

@@ -68,7 +68,10 @@ def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
     Everything is written into ``directory.tmp`` (its ``paged.json`` last) and renamed into
     place, so ``directory`` is complete whenever it exists. A failed copy removes
     ``directory.tmp``; a full disk or the file size limit raises `PageStoreFullError`.
+    A background commit of that version is waited for first (and its error raised): a
+    checkpoint names a version the store has made durable.
     """
+    store.wait_committed()
     directory = os.path.abspath(os.fspath(directory))
     tmp = directory + ".tmp"
     needed = sum(e.nbytes for e in store.entries.values())

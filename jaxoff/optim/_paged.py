@@ -408,6 +408,13 @@ class Pager:
                 )
                 tok = tickets[-1][-1]
             head_tickets.append(tickets)
+        # The previous step's commit runs in the background (its cache flush behind this
+        # step's forward and backward passes); this step's first write overwrites the slot
+        # of the version before it, so every write waits for it to be durable. The gate
+        # reads a gradient, so it runs once backward has produced one, by when the commit
+        # is long done.
+        tok = tok + commit_gate(self._gate, tok, g_leaves[0])
+        gated = tok
         for leaf, g, p, head in zip(plan.leaves, g_leaves, p_leaves, head_tickets, strict=True):
             compute = functools.partial(
                 self._compute, plan, leaf, g.reshape(-1), p.reshape(-1), inner_ram, extra, apply
@@ -440,7 +447,7 @@ class Pager:
             jnp.asarray(ram_io.file_ids)[1 - read_slot, 0],
             jnp.asarray(ram_io.offsets)[0],
             ram_bytes(plan, new_ram),
-            new_token(),
+            gated,
         )
         new_crcs[-1] = crc.reshape(1)
         tokens.append(tok)
@@ -488,9 +495,19 @@ class Pager:
         store = self.store
         if store is None or store.closed:
             raise record(PageStoreError(f"page store {self.root} was closed during the update"))
+        if store.commit_failed() is not None:  # the last step's background commit
+            store.wait_committed()  # raises its error
         reason = stale_reason(store, version, crcs)
         if reason is not None:
             raise record(PageStoreError(reason))
+        return np.zeros((), np.int32)
+
+    def _gate(self, token, after):
+        del token, after  # only dependencies
+        store = self.store
+        if store is None or store.closed:
+            raise record(PageStoreError(f"page store {self.root} was closed during the update"))
+        store.wait_committed()
         return np.zeros((), np.int32)
 
     def _commit(self, version, old_crcs, crcs, tokens):
@@ -499,7 +516,8 @@ class Pager:
         store = self.store
         names = list(store.entries)
         new = store.commit(
-            {n: np.asarray(c, np.uint32).reshape(-1) for n, c in zip(names, crcs, strict=True)}
+            {n: np.asarray(c, np.uint32).reshape(-1) for n, c in zip(names, crcs, strict=True)},
+            background=True,  # durable behind the next step (see commit_gate)
         )
         return np.asarray(new, np.int32)
 
@@ -512,6 +530,20 @@ def _check_chunk_bytes(chunk_bytes) -> int:
             f"jaxoff.paged: {e} (`jaxoff train --chunk-mib` sets it in MiB: 1 to "
             f"{MAX_CHUNK_BYTES >> 20})"
         ) from None
+
+
+def commit_gate(gate, token: jax.Array, after: jax.Array) -> jax.Array:
+    """A token that follows ``gate(token)``, an io_callback that waits for the store's
+    background commit (and raises its error); it runs once ``after`` (one element of it)
+    exists. Every write of a step follows it: a write must not overwrite the slot of the
+    last durable version."""
+    return io_callback(
+        gate,
+        jax.ShapeDtypeStruct((), jnp.int32),
+        token,
+        jnp.ravel(after)[:1],
+        ordered=False,
+    )
 
 
 def _write_fault_point(tok: jax.Array) -> jax.Array:

@@ -84,6 +84,7 @@ from jaxoff.optim import (
     PagedTransformation,
     Plan,
     chunk_updater,
+    commit_gate,
     copy_in,
     copy_out,
     ends_with_paged,
@@ -588,6 +589,11 @@ def make_fuyou_step(
             h, saved = lax.scan(fbody, x0, jnp.arange(lay.num_layers))
         bk = lambda r, h: back(merged(r, stacked), h, targets)  # noqa: E731
         loss, back_vjp = jax.vjp(bk, rest, h)
+        # The last step's commit runs in the background (its cache flush behind this step's
+        # forward pass); the first write of this step overwrites the slot of the version
+        # before it, so every write follows this gate, which waits for that commit to be
+        # durable (and raises its error) once the loss exists.
+        gated = commit_gate(functools.partial(_gate, lay), new_token(), loss)
         g_back, gh = back_vjp(jnp.ones((), loss.dtype))
 
         inner_ram = list(opt.ram)
@@ -705,6 +711,7 @@ def make_fuyou_step(
                 update_layer,
                 layer_heads,
                 top_heads,
+                gated,
             )
             new_stacked = [leaves[i] for i in bidx]  # the placeholders, as they came
         else:
@@ -728,7 +735,7 @@ def make_fuyou_step(
                 jax.tree.map(lambda t: t[1:], tables),
                 jax.tree.map(lambda t: t[:last], tables),
             )
-            carry = (gh, new_token(), stacked, g_layer, layer, top_heads, top, jnp.asarray(last))
+            carry = (gh, gated, stacked, g_layer, layer, top_heads, top, jnp.asarray(last))
             carry, (crcs_up, sq_up) = lax.scan(bbody, carry, xs, reverse=True)
             gh, tok, new_stacked, g_layer, layer, heads_0, pending, pending_j = carry
             new_stacked = _put_layer(new_stacked, pending, pending_j)
@@ -776,7 +783,7 @@ def make_fuyou_step(
             jnp.asarray(lay.fids[-1])[1 - read_slot, 0],
             jnp.asarray(lay.offs[-1])[0],
             ram_bytes(plan, new_ram),
-            new_token(),
+            gated,
         )
         new_crcs[-1] = crc.reshape(1)
         # every write of the step is durable before the commit (write-behind ones included)
@@ -906,4 +913,13 @@ def _commit(lay: _Layout, version, crcs, pcrcs, token) -> np.ndarray:
         c = np.asarray(c, np.uint32)
         for j in range(lay.num_layers):
             out[f"{e.name}@{j}"] = c[j]
-    return np.asarray(store.commit(out), np.int32)
+    # durable behind the next step's forward pass (its writes wait: see commit_gate)
+    return np.asarray(store.commit(out, background=True), np.int32)
+
+
+def _gate(lay: _Layout, token, after) -> np.ndarray:
+    del token, after  # only dependencies
+    if lay.store.closed:
+        raise PageStoreError(f"page store {lay.store.root} was closed during the fuyou step")
+    lay.store.wait_committed()
+    return np.zeros((), np.int32)

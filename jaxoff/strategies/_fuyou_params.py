@@ -170,6 +170,7 @@ def backward(
     update,
     heads_of,
     top_heads,
+    tok,
 ):
     """The backward layer scan with the parameters read from the store, one layer ahead,
     software-pipelined as the in-memory one (layer ``j``'s gradients beside layer
@@ -179,7 +180,8 @@ def backward(
     ``vjp_layer(layer, h_in, gh) -> (g_layer, gh)``; ``update(g, layer, heads, crcs, fids,
     offs, tok) -> (new_layer, crcs, squares, tok)``; ``heads_of(crcs, fids, offs)`` (one
     layer's tables) prefetches the first chunks of that layer's optimizer state, issued in
-    the scan step before its update; ``top_heads``: those of the top layer, issued before.
+    the scan step before its update; ``top_heads``: those of the top layer, issued before;
+    ``tok``: what the first write follows.
 
     Returns ``(crcs, squares, param_crcs, gh, token)``, per layer stacked in layer order.
     """
@@ -204,7 +206,6 @@ def backward(
         gh, g_j, out, tok = step(j, layer_j, h_in, gh, g_up, p_up, heads_up, up_tables, tok)
         return (gh, tok, g_j, layer_j, heads_j, ahead), out
 
-    tok = new_token()
     outs = []
     heads = top_heads
     if last >= 1:
