@@ -1,7 +1,7 @@
 """A full disk or a file size limit under a paged optimizer: at a commit behind a jitted step
-(raised by the next step; the store's error is recovered from JAX's runtime error) and while writing a paged checkpoint
-(a one-line error, nothing left that looks saved). Real small filesystems (tmpfs), and
-RLIMIT_FSIZE in a child process."""
+(raised by the next step; the store's error is recovered from JAX's runtime error) and while
+writing a paged checkpoint (a one-line error, nothing left that looks saved). Real small
+filesystems (tmpfs), and RLIMIT_FSIZE in a child process."""
 
 import doctest
 import errno
