@@ -73,9 +73,7 @@ def test_a_write_waits_until_the_background_commit_is_durable(tmp_path, monkeypa
 
     monkeypatch.setattr(store._files, "fsync_slot", slow_fsync)
     real_write = _store._io_write
-    monkeypatch.setattr(
-        _store, "_io_write", lambda *a: (events.append("write"), real_write(*a))[1]
-    )
+    monkeypatch.setattr(_store, "_io_write", lambda *a: (events.append("write"), real_write(*a))[1])
     assert store.commit(background=True) == 2
     writer = threading.Thread(target=_write, args=(store, _data(3)))
     writer.start()
