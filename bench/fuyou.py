@@ -6,6 +6,9 @@ medians over all steps):
 
 * **compute-only**: the same step with the optimizer state in RAM (plain optax);
 * **sequential paged**: ``jaxoff.paged``, the whole update after backward;
+* **sequential_sync_commit**: the same, with each step's store commit (fsync of the slot,
+  manifest) inside the step, as before commits ran behind the next step (``--sync-commit``;
+  prints sequential / sequential_sync_commit);
 * **fuyou**: layer j + 1's paged update inside the backward scan step of layer j;
 * **fuyou_nvme**: fuyou with the block parameters in the page store too
   (``page_params=True``: read a layer ahead in forward and backward, written by the update);
@@ -28,6 +31,7 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 """
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -41,7 +45,7 @@ import optax
 from flax import nnx
 from paged_step import replay_io
 
-from jaxoff.aio import file_table_stats
+from jaxoff.aio import PageStore, file_table_stats
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import paged
@@ -50,6 +54,11 @@ from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, ma
 
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
+
+
+def _sync_commit(store, crcs=None, background=False):
+    del background
+    return PageStore.commit(store, crcs)
 
 
 def main():
@@ -62,13 +71,15 @@ def main():
     ap.add_argument("--chunk-mib", type=int, default=4)
     ap.add_argument("--io-reps", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sync-commit", action="store_true", help="add sequential_sync_commit")
     a = ap.parse_args()
+    variants = VARIANTS + (("sequential_sync_commit",) if a.sync_commit else ())
     cfg = with_stack(CONFIGS[a.model], policy="nothing_saveable")
     x = jax.random.randint(jax.random.key(0), (a.batch, a.seq + 1), 0, 256)
     inputs, targets = x[:, :-1], x[:, 1:]
     root = tempfile.mkdtemp(prefix="fuyou_bench_")
     runs, txs = {}, []
-    for name in VARIANTS:
+    for name in variants:
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         table = None
         if name == "compute_only":
@@ -85,7 +96,10 @@ def main():
                 params = fuyou_resident(params)
             else:
                 opt, fn = tx.init(params), make_train_step(graphdef, tx)
-            table = tx.pager.table if name == "sequential" else fuyou_table(tx)
+                if name == "sequential_sync_commit":
+                    store = tx.pager.store  # the commit made durable before the step ends
+                    store.commit = functools.partial(_sync_commit, store)
+            table = tx.pager.table if name.startswith("sequential") else fuyou_table(tx)
         step = jax.jit(fn, donate_argnums=0)
         state = TrainState(jnp.zeros((), jnp.int32), params, opt)
         for _ in range(2):  # compile and warm up
@@ -94,7 +108,7 @@ def main():
         runs[name] = {"step": step, "state": state, "times": [], "losses": [], "table": table}
         runs[name]["busy_s"] = runs[name]["wait_s"] = 0.0
     for r in range(a.rounds):
-        for name in VARIANTS:
+        for name in variants:
             run = runs[name]
             before = file_table_stats(run["table"]) if run["table"] else None
             for _ in range(a.steps):
@@ -111,11 +125,11 @@ def main():
             f"round {r}: "
             + "  ".join(
                 f"{n} {statistics.median(runs[n]['times'][-a.steps :]) * 1e3:.1f} ms"
-                for n in VARIANTS
+                for n in variants
             )
         )
     engine = {}
-    for n in VARIANTS:
+    for n in variants:
         if runs[n]["table"]:
             busy, wait, count = runs[n]["busy_s"], runs[n]["wait_s"], len(runs[n]["times"])
             engine[n] = {
@@ -126,7 +140,7 @@ def main():
     for tx in txs:
         tx.close()
     io = statistics.median(replay_io(f"{root}/fuyou", 4)["io_s"] for _ in range(a.io_reps))
-    med = {n: statistics.median(runs[n]["times"]) for n in VARIANTS}
+    med = {n: statistics.median(runs[n]["times"]) for n in variants}
     c, s, f, fn = med["compute_only"], med["sequential"], med["fuyou"], med["fuyou_nvme"]
     hidden = min(1.0, max(0.0, 1.0 - (f - c) / io)) if io > 0 else None
     summary = {
@@ -145,10 +159,13 @@ def main():
         "engine_io_hidden": {n: e["io_hidden"] for n, e in engine.items()},
     }
     print(f"\nmodel {a.model}, batch {a.batch}x{a.seq}, chunk {a.chunk_mib} MiB, medians")
-    for n in VARIANTS:
+    for n in variants:
         print(f"{n:>13}: {med[n] * 1e3:.1f} ms/step")
     print(f"{'pure I/O':>13}: {io * 1e3:.1f} ms (compute-only / pure I/O = {c / io:.2f})")
     print(f"fuyou / sequential            = {f / s:.3f}")
+    if a.sync_commit:
+        summary["sequential_over_sync_commit"] = s / med["sequential_sync_commit"]
+        print(f"sequential / sync commit      = {summary['sequential_over_sync_commit']:.3f}")
     print(f"fuyou_nvme / fuyou            = {fn / f:.3f}")
     print(f"fuyou / max(compute, I/O)     = {f / max(c, io):.3f}")
     print(f"I/O hidden, from outside      = {100 * hidden:.0f}%")
@@ -166,7 +183,7 @@ def main():
             "summary": summary,
             "engine": engine,
             "runs": {
-                n: {"step_s": runs[n]["times"], "losses": runs[n]["losses"]} for n in VARIANTS
+                n: {"step_s": runs[n]["times"], "losses": runs[n]["losses"]} for n in variants
             },
         }
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
