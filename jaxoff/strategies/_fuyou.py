@@ -15,12 +15,14 @@ The backward scan is software-pipelined: its step for layer ``j`` differentiates
 and pages layer ``j + 1``'s update (gradients carried from the previous step), with no data
 path between the two in either direction (``tests/test_fuyou.py`` checks this on the traced
 program), so the update's reads, arithmetic and writes may run while layer ``j``'s matmuls
-do; ``jaxoff_page_take`` hands XLA's thread back while a read is in flight. On the 2-core
-CPU this project is measured on, that independence does not shorten the step
-(``bench/fuyou.py``: 1.25 times the sequential paged step, ``docs/strategies.md``): the
-update's own CPU work (138 chunk reads and updates per step on ``mini``) competes with the
-matmuls for the same two cores. The paper runs the update on the host CPU while the GPU
-computes.
+do; ``jaxoff_page_take`` hands XLA's thread back while a read is in flight. The first chunk
+of every optimizer-state tensor of layer ``j`` is prefetched in the step that differentiates
+layer ``j``, a step before its update takes it (the tickets cross the scan's carry), and the
+store commit runs behind the next step (``PageStore.commit(background=True)``). On the
+2-core CPU this project is measured on, the step is 0.99-1.07 times the sequential paged one
+and 1.26 times its bound (``bench/fuyou.py``, ``docs/strategies.md``): the update's own CPU
+work competes with the matmuls for the same two cores. The paper runs the update on the
+host CPU while the GPU computes.
 Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
 choice of how much to swap; activations stay on the device (each block's input, the block
 recomputed in backward).
