@@ -413,7 +413,7 @@ class Pager:
         # of the version before it, so every write waits for it to be durable. The gate
         # reads a gradient, so it runs once backward has produced one, by when the commit
         # is long done.
-        tok = tok + commit_gate(self._gate, tok, g_leaves[0])
+        tok = tok + commit_gate(lambda: self.store, self.root, tok, g_leaves[0])
         gated = tok
         for leaf, g, p, head in zip(plan.leaves, g_leaves, p_leaves, head_tickets, strict=True):
             compute = functools.partial(
@@ -502,14 +502,6 @@ class Pager:
             raise record(PageStoreError(reason))
         return np.zeros((), np.int32)
 
-    def _gate(self, token, after):
-        del token, after  # only dependencies
-        store = self.store
-        if store is None or store.closed:
-            raise record(PageStoreError(f"page store {self.root} was closed during the update"))
-        store.wait_committed()
-        return np.zeros((), np.int32)
-
     def _commit(self, version, old_crcs, crcs, tokens):
         del tokens  # only a dependency: every write of the step has completed
         self._check(version, old_crcs)  # no other step committed since this one started
@@ -532,11 +524,21 @@ def _check_chunk_bytes(chunk_bytes) -> int:
         ) from None
 
 
-def commit_gate(gate, token: jax.Array, after: jax.Array) -> jax.Array:
-    """A token that follows ``gate(token)``, an io_callback that waits for the store's
-    background commit (and raises its error); it runs once ``after`` (one element of it)
-    exists. Every write of a step follows it: a write must not overwrite the slot of the
-    last durable version."""
+def commit_gate(store_of, root, token: jax.Array, after: jax.Array) -> jax.Array:
+    """A token that follows an io_callback waiting for the background commit of the store
+    ``store_of()`` returns (the page store at ``root``) to be durable, and raising its error
+    (or one saying the store was closed); it runs after ``token`` and once ``after`` (one
+    element of it) exists. Every write of a step follows it: a write must not overwrite the
+    slot of the last durable version."""
+
+    def gate(token, after):
+        del token, after  # only dependencies
+        store = store_of()
+        if store is None or store.closed:
+            raise record(PageStoreError(f"page store {root} was closed during the step"))
+        store.wait_committed()
+        return np.zeros((), np.int32)
+
     return io_callback(
         gate,
         jax.ShapeDtypeStruct((), jnp.int32),

@@ -595,7 +595,7 @@ def make_fuyou_step(
         # forward pass); the first write of this step overwrites the slot of the version
         # before it, so every write follows this gate, which waits for that commit to be
         # durable (and raises its error) once the loss exists.
-        gated = commit_gate(functools.partial(_gate, lay), new_token(), loss)
+        gated = commit_gate(lambda: lay.store, lay.store.root, new_token(), loss)
         g_back, gh = back_vjp(jnp.ones((), loss.dtype))
 
         inner_ram = list(opt.ram)
@@ -644,8 +644,8 @@ def make_fuyou_step(
 
         bleaves = [plan.leaves[i] for i in bidx]
 
-        def per_leaf(table):
-            return [[table[k] for k in leaf.entries] for leaf in bleaves]
+        def per_leaf(table, leaves_=bleaves):
+            return [[table[k] for k in leaf.entries] for leaf in leaves_]
 
         def vjp_layer(layer, h_in, gh):
             """The gradients of a layer's parameters and of its input."""
@@ -689,13 +689,8 @@ def make_fuyou_step(
         # differentiates it), so the update takes chunks already in staging; the top
         # layer's and the other leaves' are prefetched now, before the backward pass.
         rleaves = [plan.leaves[i] for i in ridx]
-        rest_heads = prefetch_heads(
-            rleaves,
-            *(
-                [[t[k] for k in leaf.entries] for leaf in rleaves]
-                for t in (opt.crcs, lay.fids, lay.offs)
-            ),
-        )
+        rest_tables = [per_leaf(t, rleaves) for t in (opt.crcs, lay.fids, lay.offs)]
+        rest_heads = prefetch_heads(rleaves, *rest_tables)
         top_heads = layer_heads(*jax.tree.map(lambda t: t[last], tables))
         pcrcs_b: list = []
         if page_params:
@@ -760,8 +755,8 @@ def make_fuyou_step(
         for i, ni in zip(bidx, new_stacked, strict=True):
             new_leaves[i] = ni
         sq_r = []
-        for i, gf, gb, uf, ub, hd in zip(
-            ridx, g_front, g_back, used_front, used_back, rest_heads, strict=True
+        for i, gf, gb, uf, ub, hd, c, f, o in zip(
+            ridx, g_front, g_back, used_front, used_back, rest_heads, *rest_tables, strict=True
         ):
             g = gf + gb if uf and ub else (gf if uf else gb)
             g = lax.optimization_barrier(g)
@@ -772,9 +767,9 @@ def make_fuyou_step(
                 g,
                 leaves[i],
                 hd,
-                [opt.crcs[k] for k in leaf.entries],
-                [lay.fids[k] for k in leaf.entries],
-                [lay.offs[k] for k in leaf.entries],
+                c,
+                f,
+                o,
                 tok,
             )
             new_leaves[i] = p_new
@@ -917,11 +912,3 @@ def _commit(lay: _Layout, version, crcs, pcrcs, token) -> np.ndarray:
             out[f"{e.name}@{j}"] = c[j]
     # durable behind the next step's forward pass (its writes wait: see commit_gate)
     return np.asarray(store.commit(out, background=True), np.int32)
-
-
-def _gate(lay: _Layout, token, after) -> np.ndarray:
-    del token, after  # only dependencies
-    if lay.store.closed:
-        raise PageStoreError(f"page store {lay.store.root} was closed during the fuyou step")
-    lay.store.wait_committed()
-    return np.zeros((), np.int32)
