@@ -15,6 +15,16 @@ if ROOT not in sys.path:
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the whole run, shared by the xdist workers and every
+# child process the tests start: most tests compile the same few train steps of the same tiny
+# models, and a cached executable is the one XLA would compile again (the key covers the
+# program, the jax/jaxlib versions and the XLA flags). JAXOFF_TEST_COMPILE_CACHE=0 turns it off.
+if os.environ.get("JAXOFF_TEST_COMPILE_CACHE", "1") != "0":
+    os.environ.setdefault(
+        "JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".pytest_cache", "jax-compile")
+    )
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
 
