@@ -102,7 +102,7 @@ def test_compare_policies_placements_and_strategies(tmp_path):
     assert (
         _cli(
             "compare",
-            *"--steps 1 --warmup 1 --device-mem 64MiB --strategies".split(),
+            *"--steps 1 --warmup 1 --no-isolate --device-mem 64MiB --strategies".split(),
             strategies,
             "--out-dir",
             out,
@@ -113,6 +113,18 @@ def test_compare_policies_placements_and_strategies(tmp_path):
     assert {r["strategy"] for r in record["strategies"]} == set(strategies.split(",")), record[
         "not_run"
     ]
+
+
+@pytest.mark.subprocess
+def test_compare_measures_a_strategy_in_its_own_process(tmp_path):
+    """The default (isolated) path: the strategy runs in a child process that imports the
+    user's model by its spec, and its row comes back with that process's own peak RSS."""
+    out = tmp_path / "iso"
+    args = "--steps 1 --warmup 0 --device-mem 64MiB --strategies zero_infinity --out-dir"
+    assert _cli("compare", *args.split(), out) == 0
+    (row,) = json.loads((out / "compare.json").read_text())["strategies"]
+    assert row["strategy"] == "zero_infinity" and row["step_s"] > 0 and row["disk_bytes"] > 0
+    assert row["peak_rss_bytes"] > 0
 
 
 def test_plan_then_train_the_plan(tmp_path):

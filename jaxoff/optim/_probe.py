@@ -44,7 +44,9 @@ def probe_elementwise(inner: optax.GradientTransformation, plan: Plan, master_dt
         labels.extend(w for w, _ in whole)
         return [x for _, x in whole], [x for _, x in chunked]
 
-    whole, chunked = jax.jit(run)(params, grads)
+    # compiled ahead of time and called on concrete arrays: the probe runs, as one program, even
+    # when the optimizer's init is itself being traced (under jit or eval_shape)
+    whole, chunked = jax.jit(run).lower(params, grads).compile()(params, grads)
     for what, a, b in zip(labels, whole, chunked, strict=True):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         if a.shape != b.shape or not np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True):
@@ -86,6 +88,15 @@ def _run_both(inner, plan: Plan, master_dtype, params, grads, perms):
         states.append(
             [jnp.concatenate(cs) for cs in zip(*parts, strict=True)] if parts and parts[0] else []
         )
+
+    # one traced update per leaf and chunk shape (nested jits with the same input shapes reuse
+    # their trace), instead of one trace of the whole-tree update per leaf, chunk and step
+    def updater(j):
+        return jax.jit(
+            lambda g, p, s, r: _chunk.chunk_update(plan, inner, master_dtype, j, g, p, s, r, {})
+        )
+
+    updaters = [updater(j) for j in range(len(flat))]
     chunked = []
     for g in grads:
         new_ram = _chunk.ram_update(plan, inner, master_dtype, ram, {})
@@ -96,17 +107,7 @@ def _run_both(inner, plan: Plan, master_dtype, params, grads, perms):
             for a, b in zip(cut, cut[1:], strict=False):
                 if b == a:
                     continue
-                u, ns = _chunk.chunk_update(
-                    plan,
-                    inner,
-                    master_dtype,
-                    j,
-                    gj[a:b],
-                    x[a:b],
-                    [s[a:b] for s in states[j]],
-                    ram,
-                    {},
-                )
+                u, ns = updaters[j](gj[a:b], x[a:b], [s[a:b] for s in states[j]], ram)
                 u_parts.append(u)
                 s_parts.append(ns)
             u = jnp.concatenate(u_parts)
