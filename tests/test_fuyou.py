@@ -209,7 +209,7 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
 
     def bits_setup(layers, root):
         cfg = dataclasses.replace(
-            config("bfloat16"), num_layers=layers, d_model=512, num_heads=4, d_ff=2048
+            config("bfloat16"), num_layers=layers, d_model=256, num_heads=4, d_ff=1024
         )
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         tx = paged(inner(), root, chunk_bytes=CHUNK, slots=1)

@@ -90,7 +90,7 @@ def test_disk_full_in_a_step_is_one_line_and_resume_is_exact(
     cfg = dataclasses.replace(ref_cfg, out_dir=tmp_path / "full")
     commit, calls = PageStore.commit, []
 
-    def full_at_step_5(self, crcs=None):  # commit 1 is init's, commit k + 1 is step k's
+    def full_at_step_5(self, crcs=None, **kw):  # commit 1 is init's, k + 1 is step k's
         calls.append(1)
         if len(calls) == 6:
             raise PageStoreFullError(
@@ -99,7 +99,7 @@ def test_disk_full_in_a_step_is_one_line_and_resume_is_exact(
                 needed_bytes=4096,
                 errno=errno.ENOSPC,
             )
-        return commit(self, crcs)
+        return commit(self, crcs, **kw)
 
     with monkeypatch.context() as m:
         m.setattr(PageStore, "commit", full_at_step_5)

@@ -181,6 +181,7 @@ class Pager:
             self.store, self.root = None, os.path.abspath(store)
             self.chunk_bytes = _check_chunk_bytes(chunk_bytes)
         self._plans: dict = {}
+        self._chunk_fns: dict = {}  # (id(plan), leaf) -> (plan, jitted chunk update)
         self._probed: set = set()
         self._ios: list[EntryIO] | None = None
         self._registration: int | None = None  # of the file table, while _ios is set
@@ -475,9 +476,7 @@ class Pager:
         entries = [plan.entries[k] for k in leaf.entries]
         chunks = [x.astype(e.dtype) for e, x in zip(entries, chunks, strict=True)]
         p_in, states = (chunks[0], chunks[1:]) if leaf.master else (p_ram, chunks)
-        u, new_states = _chunk.chunk_update(
-            plan, self.inner, self.master_dtype, leaf.index, g, p_in, states, inner_ram, extra
-        )
+        u, new_states = self._chunk_update(plan, leaf.index, g, p_in, states, inner_ram, extra)
         # The new parameters are computed here, fused with the update as plain optax fuses
         # them (XLA contracts a*b+c to FMA inside a fusion); the returned updates are then the
         # exact difference, so that optax.apply_updates(params, updates) reproduces them.
@@ -490,6 +489,30 @@ class Pager:
             new_param = new_p
         out = new_param if apply else exact_delta(new_param, p_ram)
         return out, [w.astype(e.storage) for e, w in zip(entries, writes, strict=True)]
+
+    def _chunk_update(self, plan, j, g, p, states, inner_ram, extra):
+        """`_chunk.chunk_update` of leaf ``j``, traced once per leaf and chunk shape.
+
+        The update of one chunk is traced on a tree as wide as the parameters (every other
+        leaf a one-element array), so tracing it for every chunk stage of every leaf costs
+        the number of leaves squared. A nested ``jax.jit`` per leaf reuses its trace for
+        chunks of the same shape; XLA inlines it into the step, whose program is unchanged.
+        Extra arguments (a user's ``value=`` and the like) are passed as they are, untraced.
+        """
+        args = (g, p, states, inner_ram)
+        if extra or not all(isinstance(x, jax.Array) for x in jax.tree.leaves(args)):
+            return _chunk.chunk_update(
+                plan, self.inner, self.master_dtype, j, g, p, states, inner_ram, extra
+            )
+        key = (id(plan), j)
+        if key not in self._chunk_fns:
+            inner, master = self.inner, self.master_dtype
+
+            def update(g, p, states, inner_ram):
+                return _chunk.chunk_update(plan, inner, master, j, g, p, states, inner_ram, {})
+
+            self._chunk_fns[key] = (plan, jax.jit(update))  # the plan kept alive: its id stays
+        return self._chunk_fns[key][1](*args)
 
     def _check(self, version, crcs):
         store = self.store
