@@ -89,6 +89,16 @@ def chunk_update(
     return u, [c.reshape(-1) for c in new_chunks]
 
 
+def traced_once(plan: Plan, inner, master_dtype, j: int):
+    """`chunk_update` of leaf ``j`` (no extra arguments) as a ``jax.jit``: called inside a
+    traced step, chunks of the same shape reuse one trace, and XLA inlines it (the step's
+    program is unchanged). Each call traces on a tree as wide as the parameters, so tracing
+    every chunk of every leaf afresh costs the number of leaves squared."""
+    return jax.jit(
+        lambda g, p, states, ram: chunk_update(plan, inner, master_dtype, j, g, p, states, ram, {})
+    )
+
+
 def ram_update(plan: Plan, inner, master_dtype, ram_inner, extra: dict) -> list:
     """The inner state's new RAM leaves (step counts, ...), from an update on empty leaves."""
     dts = _inner_dtypes(plan, master_dtype)

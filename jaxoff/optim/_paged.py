@@ -491,27 +491,20 @@ class Pager:
         return out, [w.astype(e.storage) for e, w in zip(entries, writes, strict=True)]
 
     def _chunk_update(self, plan, j, g, p, states, inner_ram, extra):
-        """`_chunk.chunk_update` of leaf ``j``, traced once per leaf and chunk shape.
-
-        The update of one chunk is traced on a tree as wide as the parameters (every other
-        leaf a one-element array), so tracing it for every chunk stage of every leaf costs
-        the number of leaves squared. A nested ``jax.jit`` per leaf reuses its trace for
-        chunks of the same shape; XLA inlines it into the step, whose program is unchanged.
-        Extra arguments (a user's ``value=`` and the like) are passed as they are, untraced.
-        """
+        """`_chunk.chunk_update` of leaf ``j``, traced once per leaf and chunk shape
+        (`_chunk.traced_once`). Extra arguments (a user's ``value=`` and the like) are passed
+        as they are, untraced, by the plain call."""
         args = (g, p, states, inner_ram)
         if extra or not all(isinstance(x, jax.Array) for x in jax.tree.leaves(args)):
             return _chunk.chunk_update(
                 plan, self.inner, self.master_dtype, j, g, p, states, inner_ram, extra
             )
         key = (id(plan), j)
-        if key not in self._chunk_fns:
-            inner, master = self.inner, self.master_dtype
-
-            def update(g, p, states, inner_ram):
-                return _chunk.chunk_update(plan, inner, master, j, g, p, states, inner_ram, {})
-
-            self._chunk_fns[key] = (plan, jax.jit(update))  # the plan kept alive: its id stays
+        if key not in self._chunk_fns:  # the plan kept alive with it: its id stays its own
+            self._chunk_fns[key] = (
+                plan,
+                _chunk.traced_once(plan, self.inner, self.master_dtype, j),
+            )
         return self._chunk_fns[key][1](*args)
 
     def _check(self, version, crcs):

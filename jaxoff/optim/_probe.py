@@ -89,14 +89,7 @@ def _run_both(inner, plan: Plan, master_dtype, params, grads, perms):
             [jnp.concatenate(cs) for cs in zip(*parts, strict=True)] if parts and parts[0] else []
         )
 
-    # one traced update per leaf and chunk shape (nested jits with the same input shapes reuse
-    # their trace), instead of one trace of the whole-tree update per leaf, chunk and step
-    def updater(j):
-        return jax.jit(
-            lambda g, p, s, r: _chunk.chunk_update(plan, inner, master_dtype, j, g, p, s, r, {})
-        )
-
-    updaters = [updater(j) for j in range(len(flat))]
+    updaters = [_chunk.traced_once(plan, inner, master_dtype, j) for j in range(len(flat))]
     chunked = []
     for g in grads:
         new_ram = _chunk.ram_update(plan, inner, master_dtype, ram, {})
