@@ -1,7 +1,7 @@
 """One GPU measurement in a process of its own (driven by bench/gpu.py and tests/test_gpu.py).
 
-Trains a GPT (GPT-2 shapes, 256-byte vocabulary, random tokens) for ``--steps`` steps under
-one placement, remat policy and optimizer, then prints one JSON line: the device's
+Trains a GPT (GPT-2 shapes, 256-byte vocabulary, the embedded default corpus) for ``--steps``
+steps under one placement, remat policy and optimizer, then prints one JSON line: the device's
 ``memory_stats()`` (``peak_bytes_in_use`` is this process's peak, which is why each probe has
 a process of its own), the compiled step's ``memory_analysis()``, step times, tokens/s,
 losses, and parameter / per-layer bytes.
@@ -65,6 +65,38 @@ def model_config(layers: int, d_model: int, seq_len: int, policy: str | None, dt
     )
 
 
+def batches(a: argparse.Namespace):
+    """``(steps, batch, seq_len + 1)`` int32 tokens: windows of jaxoff's embedded default
+    corpus (bytes of the Python standard library's source, which the loss can learn), or
+    uniform random bytes with ``--data random`` (which it cannot)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape = (a.steps, a.batch_size, a.seq_len + 1)
+    if a.data == "random":
+        return rng.integers(0, 256, shape, dtype=np.int32)
+    from jaxoff.train import load_corpus
+
+    corpus = load_corpus(None, max_bytes=64 << 20)
+    starts = rng.integers(0, corpus.size - a.seq_len - 1, shape[:2])
+    return corpus[starts[..., None] + np.arange(a.seq_len + 1)].astype(np.int32)
+
+
+def put_leaf_by_leaf(leaves: list, treedef, shardings):
+    """``jax.device_put`` of the flattened state ``leaves`` into ``shardings``, one leaf at a
+    time, each source leaf dropped from ``leaves`` once it is copied (the caller holds no
+    other reference, so its memory is freed before the next leaf is copied)."""
+    import jax
+
+    out = []
+    for i, home in enumerate(treedef.flatten_up_to(shardings)):
+        x, leaves[i] = leaves[i], None
+        out.append(jax.device_put(x, home))
+        out[-1].block_until_ready()
+        del x
+    return treedef.unflatten(out)
+
+
 def memory_analysis(compiled) -> dict:
     m = compiled.memory_analysis()
     if m is None:
@@ -88,7 +120,9 @@ def run(a: argparse.Namespace) -> dict:
     dev = gpu_devices()[0]
     policy = None if a.policy == "none" else a.policy
     cfg = model_config(a.layers, a.d_model, a.seq_len, policy, a.dtype)
-    tx = optax.adamw(a.lr, b1=0.9, b2=0.95, weight_decay=0.1)
+    # Warmed up linearly over --warmup steps, then constant.
+    lr = optax.linear_schedule(a.lr / 10, a.lr, max(1, a.warmup))
+    tx = optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.1)
     placement = get_placement(a.placement)
     store = None
     if a.optimizer == "paged":
@@ -109,18 +143,26 @@ def run(a: argparse.Namespace) -> dict:
         "jax": jax.__version__,
     }
     t0 = time.perf_counter()
-    graphdef, state = init_state(streamed_model(cfg, placement, None), tx, 0)
+    # Host parameters are made on the CPU backend and put leaf by leaf into their home: a
+    # model beyond the device's memory is never whole on it (nor twice in host memory).
+    host_init = placement.params == "host" and a.optimizer != "paged"
+    rec["init_on"] = "cpu" if host_init else "device"
+    with jax.default_device(jax.devices("cpu")[0] if host_init else dev):
+        graphdef, state = init_state(streamed_model(cfg, placement, None), tx, 0)
     step, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, None)
-    state = jax.device_put(state, shardings)
+    leaves, treedef = jax.tree.flatten(state)
+    del state
+    state = put_leaf_by_leaf(leaves, treedef, shardings)
+    rec["init_s"] = round(time.perf_counter() - t0, 3)
     n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
     itemsize = np.dtype(a.dtype).itemsize
     rec["params"] = n_params
     rec["param_bytes"] = n_params * itemsize
     rec["layer_param_bytes"] = (12 * a.d_model * a.d_model + 13 * a.d_model) * itemsize
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 256, (a.steps, a.batch_size, a.seq_len + 1), dtype=np.int32)
+    tokens = batches(a)
+    rec["data"] = a.data
     compiled = step.lower(state, tokens[0, :, :-1], tokens[0, :, 1:]).compile()
-    rec["compile_s"] = round(time.perf_counter() - t0, 3)
+    rec["compile_s"] = round(time.perf_counter() - t0 - rec["init_s"], 3)
     rec["memory_analysis"] = memory_analysis(compiled)
     losses, times = [], []
     for i in range(a.steps):
@@ -160,7 +202,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=3, help="steps of linear warm-up to --lr")
+    p.add_argument("--data", choices=("corpus", "random"), default="corpus")
     p.add_argument("--chunk-mib", type=int, default=64)
     p.add_argument("--store-dir", default=None)
     p.add_argument("--out", default=None, help="also write the JSON record here")

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One lent GPU machine, one command: install jaxoff from source beside the machine's own CUDA
+# JAX (no network), then run bench/gpu.py's parts in order of priority, each inside what is
+# left of a deadline, copying every JSON record to OUT as soon as its part ends.
+#
+#   bash bench/gpu_session.sh OUT [SECONDS]     # SECONDS: the deadline (default 560)
+#
+# Wheels of pure dependencies the machine lacks (tyro, crc32c, ...) are read from .whl/ when
+# it exists. Records are kept in /tmp/jaxoff-gpu between commands on the same machine, and a
+# part that ran out of time resumes from them when the command is run again.
+set -u
+OUT=${1:?usage: bash bench/gpu_session.sh OUT [SECONDS]}
+DEADLINE=$(( $(date +%s) + ${2:-560} ))
+REC=/tmp/jaxoff-gpu
+mkdir -p "$OUT" "$REC"
+exec > >(tee -a "$OUT/session.log") 2>&1
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false
+left() { echo $(( DEADLINE - $(date +%s) )); }
+save() { cp -f "$REC"/*.json "$OUT"/ 2>/dev/null; true; }
+# part NAME BUDGET ARGS...: bench/gpu.py with --budget-s BUDGET, killed at the deadline.
+part() {
+  local name=$1 budget=$2; shift 2
+  local l; l=$(left)
+  if (( l < 30 )); then echo "== $name: skipped, ${l} s left"; return; fi
+  (( budget > l - 20 )) && budget=$(( l - 20 ))
+  echo "== $name (budget ${budget} s, ${l} s left) $(date +%T)"
+  timeout --signal=KILL $(( l - 5 )) python3 bench/gpu.py --out "$REC" --budget-s "$budget" "$@"
+  echo "== $name: exit $? $(date +%T)"
+  save
+}
+
+echo "== machine $(date +%T)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+nproc; free -g | head -2; df -h /tmp | tail -1; python3 --version
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+if ! python3 -c "import jaxoff._ffi" 2>/dev/null; then
+  echo "== build $(date +%T)"
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout 300 python3 -m pip install --no-build-isolation \
+    --no-deps -e . >"$OUT/build.log" 2>&1
+  echo "== build: exit $? $(date +%T)"
+  grep -E "jaxoff:|Error|error:" "$OUT/build.log" | head -20
+fi
+python3 -c "import jaxoff, jaxoff._ffi as f; from jaxoff.aio import cuda_status, backend_status; print(cuda_status()); print(backend_status())"
+
+part env 60 --parts env
+part tests 200 --parts tests
+SIZE=(--layers 8 --d-model 2048 --seq-len 1024 --batch-size 8 --steps 5)
+part placements 120 --parts placements "${SIZE[@]}" \
+  --placements device host_opt host_params host_params_stream1 paged:device
+CAP=(--capacity-d-model 2048 --seq-len 1024 --batch-size 8 --mem-fraction 0.1)
+part capacity-plain 90 --parts capacity --capacity-mode plain "${CAP[@]}" \
+  --capacity-start-layers 12 --capacity-grow 1.5
+part capacity-jaxoff 150 --parts capacity --capacity-mode jaxoff "${CAP[@]}" \
+  --capacity-start-layers 48 --capacity-grow 2 --jaxoff-plans host_params_stream1
+part policies 90 --parts policies "${SIZE[@]}"
+part placements-rest 120 --parts placements "${SIZE[@]}" \
+  --placements host_opt_xfer host_params_stream2 paged:host_params
+echo "== done $(date +%T), $(left) s before the deadline"
