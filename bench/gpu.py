@@ -1,10 +1,10 @@
 """GPU measurements of jaxoff, one command per part, JSON into an output directory.
 
-    python bench/gpu.py --out docs/gpu                      # env + tests (the default parts)
-    python bench/gpu.py --out docs/gpu --parts placements   # peak memory + step time each
-    python bench/gpu.py --out docs/gpu --parts policies
-    python bench/gpu.py --out docs/gpu --parts capacity --capacity-mode plain
-    python bench/gpu.py --out docs/gpu --parts capacity --capacity-mode jaxoff
+    python bench/gpu.py --out bench/results/gpu           # env + tests (the default parts)
+    python bench/gpu.py --out bench/results/gpu --parts placements   # peak memory, step time
+    python bench/gpu.py --out bench/results/gpu --parts policies
+    python bench/gpu.py --out bench/results/gpu --parts capacity --capacity-mode plain
+    python bench/gpu.py --out bench/results/gpu --parts capacity --capacity-mode jaxoff
 
 Parts:
   env         device, driver, JAX/flax/optax/orbax versions (and whether they sit inside

@@ -4,6 +4,7 @@
 # left of a deadline, copying every JSON record to OUT as soon as its part ends.
 #
 #   bash bench/gpu_session.sh OUT [SECONDS]     # SECONDS: the deadline (default 560)
+#   PARTS="tests capacity-jaxoff" bash bench/gpu_session.sh OUT 300     # some parts, in order
 #
 # Wheels of pure dependencies the machine lacks (tyro, crc32c, ...) are read from .whl/ when
 # it exists. Records are kept in /tmp/jaxoff-gpu between commands on the same machine, and a
@@ -43,19 +44,28 @@ if ! python3 -c "import jaxoff._ffi" 2>/dev/null; then
   echo "== build: exit $? $(date +%T)"
   grep -E "jaxoff:|Error|error:" "$OUT/build.log" | head -20
 fi
-python3 -c "import jaxoff, jaxoff._ffi as f; from jaxoff.aio import cuda_status, backend_status; print(cuda_status()); print(backend_status())"
+python3 -X faulthandler -c "import jaxoff, jaxoff._ffi as f; from jaxoff.aio import cuda_status, backend_status; print(cuda_status()); print(backend_status())"
 
-part env 60 --parts env
-part tests 200 --parts tests
 SIZE=(--layers 8 --d-model 2048 --seq-len 1024 --batch-size 8 --steps 5)
-part placements 120 --parts placements "${SIZE[@]}" \
-  --placements device host_opt host_params host_params_stream1 paged:device
 CAP=(--capacity-d-model 2048 --seq-len 1024 --batch-size 8 --mem-fraction 0.1)
-part capacity-plain 90 --parts capacity --capacity-mode plain "${CAP[@]}" \
-  --capacity-start-layers 12 --capacity-grow 1.5
-part capacity-jaxoff 150 --parts capacity --capacity-mode jaxoff "${CAP[@]}" \
-  --capacity-start-layers 48 --capacity-grow 2 --jaxoff-plans host_params_stream1
-part policies 90 --parts policies "${SIZE[@]}"
-part placements-rest 120 --parts placements "${SIZE[@]}" \
-  --placements host_opt_xfer host_params_stream2 paged:host_params
+run_part() {
+  case $1 in
+    env) part env 60 --parts env ;;
+    tests) part tests 200 --parts tests ;;
+    placements) part placements 120 --parts placements "${SIZE[@]}" \
+      --placements device host_opt host_params host_params_stream1 paged:device ;;
+    capacity-plain) part capacity-plain 90 --parts capacity --capacity-mode plain "${CAP[@]}" \
+      --capacity-start-layers 12 --capacity-grow 1.5 ;;
+    capacity-jaxoff) part capacity-jaxoff 150 --parts capacity --capacity-mode jaxoff \
+      "${CAP[@]}" --capacity-start-layers 48 --capacity-grow 1.5 \
+      --jaxoff-plans host_params_stream1 ;;
+    policies) part policies 90 --parts policies "${SIZE[@]}" ;;
+    placements-rest) part placements-rest 120 --parts placements "${SIZE[@]}" \
+      --placements host_opt_xfer host_params_stream2 paged:host_params ;;
+    *) echo "unknown part $1" ;;
+  esac
+}
+for p in ${PARTS:-env tests placements capacity-plain capacity-jaxoff policies placements-rest}; do
+  run_part "$p"
+done
 echo "== done $(date +%T), $(left) s before the deadline"

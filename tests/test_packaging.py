@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -59,3 +61,50 @@ def test_jaxoff_train_is_callable_however_it_was_imported():
         "assert jaxoff.train('cfg', model='m') == ('trained', 'cfg', 'm')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# What a module's dynamic symbol table may define: its entry point, and C++ that the compiler
+# emits with default visibility whatever the flags (instantiations of libstdc++'s templates,
+# typeinfo of exceptions that cross modules). Never the C++ runtime itself, the CUDA runtime,
+# or jaxoff's own C++.
+_FOREIGN = (
+    "__cxa_",  # C++ runtime (libstdc++ / libsupc++)
+    "__gxx_",
+    "_Unwind_",
+    "_ZNSt6locale",  # libstdc++'s locales and streams
+    "_ZNKSt6locale",
+    "_ZNSt8ios_base",
+    "_ZSt4cout",
+    "_ZNKSt7codecvt",
+    "cuda",  # CUDA runtime (cudart_static)
+    "__cuda",
+    "_ZN6jaxoff",  # jaxoff's own C++
+    "_ZNK6jaxoff",
+)
+
+
+@pytest.mark.parametrize("name", ["_ffi", "_ffi_cuda"])
+def test_modules_export_no_runtime_or_jaxoff_symbols(name):
+    """On a GPU machine whose toolchain linked libstdc++ statically, jaxoff._ffi exported all of
+    it (4,711 symbols); with that module loaded, `import jax` crashed in ml_dtypes (in
+    std::ostream << double) and so did registering a file table. The modules now hide what
+    static libraries bring (--exclude-libs) and their own C++ (hidden visibility)."""
+    import importlib
+    import shutil
+
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    try:
+        mod = importlib.import_module(f"jaxoff.{name}")
+    except ImportError as e:
+        if name == "_ffi_cuda":
+            pytest.skip(f"jaxoff._ffi_cuda is not built here: {e}")
+        raise
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", mod.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    symbols = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    assert f"PyInit_{name}" in symbols
+    foreign = [s for s in symbols if s.startswith(_FOREIGN)]
+    assert not foreign, f"{len(foreign)} symbols leak out of jaxoff.{name}: {foreign[:10]}"
+    assert len(symbols) < 200, len(symbols)  # was 246 (_ffi) and 58 (_ffi_cuda) before

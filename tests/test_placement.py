@@ -234,3 +234,28 @@ def test_trainer_pages_optimizer_with_streamed_host_params(tmp_path, tiny_train_
     run(TrainConfig(**{**args, "out_dir": tmp_path / "b", "stop_at": 2, "ckpt_every": 2}))
     rest = run(TrainConfig(**{**args, "out_dir": tmp_path / "b", "ckpt_every": 2, "resume": True}))
     assert rest.losses == full.losses[2:]
+
+
+def test_host_update_runs_under_either_form_of_compute_on(monkeypatch):
+    """JAX 0.10 has ``compute_on(compute_type)`` as a context manager; 0.11 (a GPU machine's)
+    has ``compute_on(f, compute_type=..., out_memory_spaces=...)`` and rejects the old call.
+    The host update takes whichever the installed JAX has; the other form is checked here
+    with a stand-in that records how it was called."""
+    import inspect
+
+    from jax.experimental.compute_on import compute_on
+
+    from jaxoff.placement import _apply
+
+    installed = "out_memory_spaces" in inspect.signature(compute_on).parameters
+    assert _apply._COMPUTE_ON_WRAPS == installed
+    calls = []
+
+    def wrapping_compute_on(f=None, *, compute_type, out_memory_spaces):
+        calls.append((compute_type, out_memory_spaces))
+        return lambda *args: ("wrapped", f(*args))
+
+    monkeypatch.setattr(_apply, "compute_on", wrapping_compute_on)
+    monkeypatch.setattr(_apply, "_COMPUTE_ON_WRAPS", True)
+    assert _apply.on_host(lambda a, b: a + b, 1, 2) == ("wrapped", 3)
+    assert calls == [("device_host", jax.memory.Space.Host)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -13,6 +15,20 @@ from ._placement import Placement, get_placement
 from ._shardings import is_stacked, replicated
 
 _SPACE = {"device": jax.memory.Space.Device, "host": jax.memory.Space.Host}
+
+
+# jax <= 0.10: compute_on(compute_type) is a context manager; jax >= 0.11: it wraps a function,
+# compute_on(f, compute_type=..., out_memory_spaces=...), and the outputs' memory spaces are named.
+_COMPUTE_ON_WRAPS = "out_memory_spaces" in inspect.signature(compute_on).parameters
+
+
+def on_host(f, *args):
+    """``f(*args)`` traced as host computation (``compute_on("device_host")``), its outputs in
+    host memory, under either form of JAX's ``compute_on``."""
+    if _COMPUTE_ON_WRAPS:
+        return compute_on(f, compute_type="device_host", out_memory_spaces=_SPACE["host"])(*args)
+    with compute_on("device_host"):
+        return f(*args)
 
 
 def move(tree, kind):
@@ -75,8 +91,7 @@ def make_update(tx: optax.GradientTransformation, placement: Placement | str | N
         operands = move((grads, opt_state, params), where)
         if where == "device":
             return plain(*operands)
-        with compute_on("device_host"):
-            return plain(*operands)
+        return on_host(plain, *operands)
 
     def update(grads, opt_state, params):
         if placement.grads is not None:
