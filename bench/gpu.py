@@ -16,9 +16,10 @@ Parts:
   policies    the same per remat preset (jaxoff.policy.PRESETS), device placement -> policies.json
   capacity    bracketing search on layers at a fixed width: the largest GPT that trains
               (>= --capacity-steps steps, finite, loss falling) with plain flax + optax AdamW
-              on the device (mode plain) versus jaxoff's plans (mode jaxoff: each of
-              --jaxoff-plans), with tokens/s and MFU -> capacity.json (every probe kept,
-              including failures)
+              on the device (mode plain: each of --plain-plans) versus jaxoff's plans (mode
+              jaxoff: each of --jaxoff-plans), with tokens/s and MFU -> <--capacity-name>.json
+              (every probe kept, including failures). A plan is a placement, paged:<placement>,
+              or bench:<mode> for bench/capacity.py's plain-bf16 and fuyou-nvme probes
 
 Every measurement runs in a child process of its own (bench/gpu_probe.py): a device's peak
 cannot be reset, and an out-of-memory probe must not take down the search. Each invocation
@@ -206,6 +207,10 @@ def part_tests(out: Path, kind: str, a) -> None:
         "tests/test_cuda_build.py",
         "-rs",
         "-q",
+        # Two workers: a test that crashes its process fails alone (xdist replaces the worker)
+        # instead of ending the run, as a segfault in the paging module did on the first GPU.
+        "-n",
+        "2",
         # Another machine's JAX, flax and optax releases may warn where ours do not: a warning
         # is shown there, not turned into a failure (the suite's filterwarnings=error).
         "-o",
@@ -332,6 +337,11 @@ def size_args(a, **over) -> dict:
 
 
 def placement_args(spec: str, a, **size) -> dict:
+    if spec.startswith("bench:"):  # bench/capacity.py's mode (plain-bf16, fuyou-nvme)
+        args = size_args(a, bench_mode=spec.split(":", 1)[1], **size)
+        if a.store_dir:
+            args["store_dir"] = os.path.join(a.store_dir, spec.replace(":", "-"))
+        return args
     if spec.startswith("paged:"):
         args = size_args(a, placement=spec.split(":", 1)[1], optimizer="paged", **size)
         if a.store_dir:
@@ -386,11 +396,11 @@ def mfu(rec: dict, kind: str) -> float | None:
 
 
 def part_capacity(out: Path, kind: str, a, t_end: float) -> None:
-    path = out / "capacity.json"
+    path = out / f"{a.capacity_name}.json"
     data = json.loads(path.read_text()) if path.exists() else {"searches": {}}
     data["mem_fraction"] = MEM_FRACTION
     plans = (
-        {"plain": "device"}
+        {("plain" if p == "device" else f"plain:{p}"): p for p in a.plain_plans}
         if a.capacity_mode == "plain"
         else {f"jaxoff:{p}": p for p in a.jaxoff_plans}
     )
@@ -429,18 +439,47 @@ def part_capacity(out: Path, kind: str, a, t_end: float) -> None:
             write_json(path, data)
         best = [p for p in s["probes"] if p["fit"]]
         s["largest"] = max(best, key=lambda p: p["layers"])["params"] if best else None
-    jaxoff = [
-        s["largest"]
-        for k, s in data["searches"].items()
-        if k.startswith("jaxoff:") and s.get("largest")
-    ]
-    plain = data["searches"].get("plain", {}).get("largest")
+    searches = data["searches"]
+    largest = {k: s.get("largest") for k, s in searches.items()}
     data["summary"] = {
-        "plain_largest_params": plain,
-        "jaxoff_largest_params": max(jaxoff) if jaxoff else None,
-        "ratio": round(max(jaxoff) / plain, 3) if jaxoff and plain else None,
+        "largest_params": largest,
+        # each jaxoff plan against each plain baseline (plain-bf16 is fuyou-nvme's own pair:
+        # the same bf16 parameters with fp32 masters and moments)
+        "ratios": {
+            f"{j} / {p}": round(largest[j] / largest[p], 3)
+            for j in searches
+            if j.startswith("jaxoff:") and largest[j]
+            for p in searches
+            if p.startswith("plain") and largest[p]
+        },
     }
     write_json(path, data)
+
+
+def verdict(rec: dict) -> bool:
+    """A probe that says something about the machine: it ran, or it ran out of memory. Any
+    other failure (a crash, a compile error, a timeout) is jaxoff's or XLA's, not a size's."""
+    return bool(rec.get("ok") or rec.get("oom") or "RESOURCE_EXHAUSTED" in rec.get("error", ""))
+
+
+def seed_from(src: Path, out: Path) -> None:
+    """Start from the records of an earlier session (``--seed bench/results/gpu``), keeping
+    only verdicts: a part then runs only what that session did not settle."""
+    for name in ("placements", "policies"):
+        if (src / f"{name}.json").exists() and not (out / f"{name}.json").exists():
+            doc = json.loads((src / f"{name}.json").read_text())
+            doc["probes"] = [p for p in doc["probes"] if verdict(p)]
+            write_json(out / f"{name}.json", doc)
+    for path in sorted(src.glob("capacity*.json")):
+        if (out / path.name).exists():
+            continue
+        doc = json.loads(path.read_text())
+        for s in doc["searches"].values():
+            s["probes"] = [p for p in s["probes"] if verdict(p)]
+            s.pop("timeouts", None)
+            if not s["probes"]:
+                s.pop("done", None)
+        write_json(out / path.name, doc)
 
 
 def main(argv=None) -> None:
@@ -469,21 +508,40 @@ def main(argv=None) -> None:
     p.add_argument("--policies", nargs="+", default=None)
     p.add_argument("--capacity-mode", choices=("plain", "jaxoff"), default="plain")
     p.add_argument(
+        "--plain-plans",
+        nargs="+",
+        default=["device"],
+        help="plain baselines: device (fp32 flax + optax) or bench:plain-bf16",
+    )
+    p.add_argument(
         "--jaxoff-plans",
         nargs="+",
         default=["host_params_stream1"],
-        help="placements (or paged:<placement>) searched for jaxoff's capacity",
+        help="placements (or paged:<placement>, or bench:fuyou-nvme) searched for jaxoff's "
+        "capacity",
     )
     p.add_argument("--capacity-d-model", type=int, default=4096)
     p.add_argument("--capacity-start-layers", type=int, default=16)
     p.add_argument("--capacity-grow", type=float, default=1.5)
     p.add_argument("--capacity-steps", type=int, default=10)
     p.add_argument(
+        "--capacity-name",
+        default="capacity",
+        help="the record's file name (without .json): one per device-memory cap and width",
+    )
+    p.add_argument(
         "--mem-fraction",
         type=float,
         default=None,
         help="XLA_PYTHON_CLIENT_MEM_FRACTION for every probe: the share of the device's memory "
         "its allocator may use (a capacity search against a smaller HBM)",
+    )
+    p.add_argument(
+        "--seed",
+        type=Path,
+        default=None,
+        help="an earlier session's records (e.g. bench/results/gpu): its verdicts are kept and "
+        "not measured again",
     )
     a = p.parse_args(argv)
     global MEM_FRACTION
@@ -492,6 +550,8 @@ def main(argv=None) -> None:
     kind = require_gpu()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.seed is not None:
+        seed_from(a.seed, out)
     for part in a.parts:
         if part in ("env", "tests"):
             {"env": part_env, "tests": part_tests}[part](out, kind, a)

@@ -8,6 +8,7 @@ losses, and parameter / per-layer bytes.
 
     python bench/gpu_probe.py --placement host_params_stream1 --layers 8 --d-model 1024
     python bench/gpu_probe.py --optimizer paged --placement host_params --store-dir /nvme/x
+    python bench/gpu_probe.py --bench-mode fuyou-nvme --layers 48 --d-model 1024 --steps 10
 
 It refuses to run without a GPU (``no GPU: ...``, exit 3): its figures mean nothing on a CPU.
 """
@@ -126,7 +127,7 @@ def run(a: argparse.Namespace) -> dict:
     placement = get_placement(a.placement)
     store = None
     if a.optimizer == "paged":
-        store = a.store_dir or tempfile.mkdtemp(prefix="jaxoff-gpu-probe-")
+        store = new_store(a.store_dir)
         tx = paged(tx, Path(store) / "opt", chunk_bytes=a.chunk_mib << 20)
         placement = with_paged_optimizer(placement)
     rec: dict = {
@@ -183,11 +184,76 @@ def run(a: argparse.Namespace) -> dict:
     rec["model_flops_per_s"] = flops * a.batch_size * a.seq_len / steady
     rec["finite"] = bool(np.all(np.isfinite(losses)))
     rec["loss_falling"] = len(losses) >= 2 and losses[-1] < losses[0]
-    if store is not None and a.store_dir is None:
+    if store is not None:
         import shutil
 
         tx.close()
         shutil.rmtree(store, ignore_errors=True)
+    return rec
+
+
+def new_store(under: str | None) -> str:
+    """A new, empty folder for one probe's page store (under ``--store-dir`` if given): a
+    probe never finds another's store, and the caller removes it when the probe ends."""
+    if under:
+        os.makedirs(under, exist_ok=True)
+    return tempfile.mkdtemp(prefix="jaxoff-gpu-probe-", dir=under)
+
+
+def run_bench_mode(a: argparse.Namespace) -> dict:
+    """One probe of bench/capacity.py's ``--bench-mode`` (``plain-bf16``: bf16 parameters with
+    fp32 masters and moments, all on the device; ``fuyou-nvme``: the same AdamW paged, and the
+    block parameters in the page store, read a layer ahead through the CUDA paging calls), run
+    on the GPU with its device-memory figures added: the CPU capacity record's pair of modes."""
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import capacity
+
+    dev = gpu_devices()[0]
+    store = new_store(a.store_dir)
+    try:
+        with jax.default_device(dev):
+            rec = capacity.run_probe(
+                a.bench_mode,
+                a.layers,
+                a.d_model,
+                a.seq_len,
+                a.batch_size,
+                a.steps,
+                store,
+                lr=a.lr,
+                slots=a.slots,
+                warmup_steps=a.warmup,
+                data=a.data,
+            )
+    finally:
+        import shutil
+
+        shutil.rmtree(store, ignore_errors=True)
+    stats = dev.memory_stats() or {}
+    times, losses = rec["step_s"], rec["losses"]
+    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
+    rec.update(
+        placement=f"bench:{a.bench_mode}",
+        optimizer=a.bench_mode,
+        layers=a.layers,
+        dtype="bfloat16",
+        device=dev.device_kind,
+        platform=dev.platform,
+        jax=jax.__version__,
+        memory_stats={k: int(v) for k, v in stats.items() if isinstance(v, int)},
+        step_s_median=round(steady, 5),
+        tokens_per_s=round(a.batch_size * a.seq_len / steady, 1),
+        finite=bool(np.all(np.isfinite(losses))),
+    )
+    rec["peak_bytes_in_use"] = rec["memory_stats"].get("peak_bytes_in_use")
+    flops = 6 * rec["params"] + 12 * a.layers * a.seq_len * a.d_model
+    rec["model_flops_per_s"] = flops * a.batch_size * a.seq_len / steady
+    # capacity.run_probe judges a falling loss over two passes of the same windows (>= 10
+    # steps); below that, the last loss under the first
+    rec.setdefault("loss_falling", len(losses) >= 2 and losses[-1] < losses[0])
     return rec
 
 
@@ -207,10 +273,18 @@ def main(argv=None) -> None:
     p.add_argument("--data", choices=("corpus", "random"), default="corpus")
     p.add_argument("--chunk-mib", type=int, default=64)
     p.add_argument("--store-dir", default=None)
+    p.add_argument(
+        "--bench-mode",
+        choices=("plain-bf16", "fuyou-nvme"),
+        default=None,
+        help="run bench/capacity.py's probe of this mode instead (bf16 parameters, fp32 "
+        "masters and moments; --placement, --policy and --optimizer are then ignored)",
+    )
+    p.add_argument("--slots", type=int, default=1, help="page store slots (--bench-mode)")
     p.add_argument("--out", default=None, help="also write the JSON record here")
     a = p.parse_args(argv)
     try:
-        rec = run(a)
+        rec = run_bench_mode(a) if a.bench_mode else run(a)
         rec["ok"] = rec["finite"]
     except SystemExit:
         raise

@@ -25,7 +25,8 @@ part() {
   if (( l < 30 )); then echo "== $name: skipped, ${l} s left"; return; fi
   (( budget > l - 20 )) && budget=$(( l - 20 ))
   echo "== $name (budget ${budget} s, ${l} s left) $(date +%T)"
-  timeout --signal=KILL $(( l - 5 )) python3 bench/gpu.py --out "$REC" --budget-s "$budget" "$@"
+  timeout --signal=KILL $(( l - 5 )) python3 bench/gpu.py --out "$REC" --budget-s "$budget" \
+    "${SEED_ARGS[@]}" "$@"
   echo "== $name: exit $? $(date +%T)"
   save
 }
@@ -46,8 +47,18 @@ if ! python3 -c "import jaxoff._ffi" 2>/dev/null; then
 fi
 python3 -X faulthandler -c "import jaxoff, jaxoff._ffi as f; from jaxoff.aio import cuda_status, backend_status; print(cuda_status()); print(backend_status())"
 
+# Records of an earlier session (SEED, default bench/results/gpu): their verdicts are kept.
+SEED_ARGS=()
+[ -d "${SEED-bench/results/gpu}" ] && SEED_ARGS=(--seed "${SEED-bench/results/gpu}")
+# Page stores of the paged probes (default: tmpfs, host memory; set STORE to an NVMe folder).
+STORE=${STORE:-/dev/shm/jaxoff-gpu}
 SIZE=(--layers 8 --d-model 2048 --seq-len 1024 --batch-size 8 --steps 5)
 CAP=(--capacity-d-model 2048 --seq-len 1024 --batch-size 8 --mem-fraction 0.1)
+# The CPU record's pair of modes, bf16 parameters with fp32 masters and moments: plain on the
+# device against Fuyou with optimizer state and block parameters in the page store. 3 GB of
+# device memory (--mem-fraction 0.02) keeps a probe's page traffic to seconds a step.
+FUYOU=(--capacity-name capacity_fuyou --capacity-d-model 1024 --seq-len 1024 --batch-size 8
+       --mem-fraction 0.02 --store-dir "$STORE")
 run_part() {
   case $1 in
     env) part env 60 --parts env ;;
@@ -59,13 +70,19 @@ run_part() {
     capacity-jaxoff) part capacity-jaxoff 150 --parts capacity --capacity-mode jaxoff \
       "${CAP[@]}" --capacity-start-layers 48 --capacity-grow 1.5 \
       --jaxoff-plans host_params_stream1 ;;
+    capacity-bf16) part capacity-bf16 120 --parts capacity --capacity-mode plain "${FUYOU[@]}" \
+      --plain-plans bench:plain-bf16 --capacity-start-layers 12 --capacity-grow 1.5 ;;
+    capacity-fuyou) part capacity-fuyou 240 --parts capacity --capacity-mode jaxoff "${FUYOU[@]}" \
+      --jaxoff-plans bench:fuyou-nvme --capacity-start-layers 48 --capacity-grow 1.5 ;;
     policies) part policies 90 --parts policies "${SIZE[@]}" ;;
     placements-rest) part placements-rest 120 --parts placements "${SIZE[@]}" \
       --placements host_opt_xfer host_params_stream2 paged:host_params ;;
     *) echo "unknown part $1" ;;
   esac
 }
-for p in ${PARTS:-env tests placements capacity-plain capacity-jaxoff policies placements-rest}; do
+DEFAULT="env tests placements capacity-plain capacity-bf16 capacity-fuyou policies"
+DEFAULT="$DEFAULT placements-rest capacity-jaxoff"
+for p in ${PARTS:-$DEFAULT}; do
   run_part "$p"
 done
 echo "== done $(date +%T), $(left) s before the deadline"
