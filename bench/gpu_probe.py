@@ -116,7 +116,7 @@ def run(a: argparse.Namespace) -> dict:
 
     from jaxoff.optim import paged
     from jaxoff.placement import (
-        compile_step,
+        compile_placed,
         get_placement,
         jit_step,
         streamed_model,
@@ -168,7 +168,7 @@ def run(a: argparse.Namespace) -> dict:
     rec["layer_param_bytes"] = (12 * a.d_model * a.d_model + 13 * a.d_model) * itemsize
     tokens = batches(a)
     rec["data"] = a.data
-    compiled = compile_step(step.lower(state, tokens[0, :, :-1], tokens[0, :, 1:]), placement)
+    compiled = compile_placed(step.lower(state, tokens[0, :, :-1], tokens[0, :, 1:]), placement)
     rec["compile_s"] = round(time.perf_counter() - t0 - rec["init_s"], 3)
     rec["memory_analysis"] = memory_analysis(compiled)
     losses, times = [], []

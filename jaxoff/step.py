@@ -82,14 +82,14 @@ def tokens(batch: int, seq: int):
 def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
     """``(compiled, jitted, abstract_state)`` of the real train step, state donated and
     placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings)."""
-    from .placement import abstract_with, compile_step, jit_step, streamed_model
+    from .placement import abstract_with, compile_placed, jit_step, streamed_model
 
     tx = optimizer()
     graphdef, state = abstract_state(streamed_model(model_cfg, placement), tx)
     jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state)
     state = abstract_with(state, shardings)
     tok = tokens(batch, seq)
-    return compile_step(jitted.lower(state, tok, tok), placement), jitted, state
+    return compile_placed(jitted.lower(state, tok, tok), placement), jitted, state
 
 
 def export_step(model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None) -> str:

@@ -276,14 +276,14 @@ class _Lowered:
 def test_xla_refusing_the_host_update_is_one_config_error():
     """XLA 0.11.2 on an H200 could not compile the update under compute_on('device_host'):
     the trainer and the benchmarks say so in one line, with the routes that compile."""
-    from jaxoff.placement import compile_step
+    from jaxoff.placement import compile_placed
 
     xla = RuntimeError(
         "INTERNAL: during context [end-of-post-layout_assignment]: host-call.cloned.1.call-start"
         " (opcode: async-start) expects the async shape at index {0} to be a tuple\nf32[...]"
     )
     with pytest.raises(ConfigError, match="host_opt_xfer") as e:
-        compile_step(_Lowered(xla), "host_params_stream1")
+        compile_placed(_Lowered(xla), "host_params_stream1")
     assert "\n" not in str(e.value) and "jaxoff.paged" in str(e.value)
     assert e.value.__cause__ is xla
     # the same failure where the update is not host computation, or another failure, is
@@ -294,6 +294,6 @@ def test_xla_refusing_the_host_update_is_one_config_error():
         ("host_opt", RuntimeError("RESOURCE_EXHAUSTED: out of memory")),
     ]:
         with pytest.raises(RuntimeError) as e:
-            compile_step(_Lowered(error), placement)
+            compile_placed(_Lowered(error), placement)
         assert e.value is error
-    assert compile_step(_Lowered(), "host_opt") == "compiled"
+    assert compile_placed(_Lowered(), "host_opt") == "compiled"

@@ -16,7 +16,7 @@ from ._apply import streamed_model as streamed_model
 from ._check import check_placement as check_placement
 from ._export import analyze as analyze_export
 from ._jit import abstract_with as abstract_with
-from ._jit import compile_step as compile_step
+from ._jit import compile_placed as compile_placed
 from ._jit import jit_step as jit_step
 from ._placement import PRESETS as PRESETS
 from ._placement import Placement as Placement
@@ -35,7 +35,7 @@ __all__ = [
     "batch_sharding",
     "bytes_by_kind",
     "check_placement",
-    "compile_step",
+    "compile_placed",
     "fetch_params",
     "get_placement",
     "jit_step",

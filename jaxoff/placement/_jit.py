@@ -37,7 +37,7 @@ def abstract_with(state, shardings):
     )
 
 
-def compile_step(lowered, placement: Placement | str | None):
+def compile_placed(lowered, placement: Placement | str | None):
     """``lowered.compile()``; where the placement runs the optimizer update as host
     computation and XLA cannot compile that (an XLA limitation on GPUs: JAX 0.11.2 on an H200
     failed with ``host-call ... async-start expects the async shape ...``), one
@@ -46,11 +46,11 @@ def compile_step(lowered, placement: Placement | str | None):
         return lowered.compile()
     except Exception as e:
         placement = get_placement(placement)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if placement.all_on_device or placement.update_kind != "host":
             raise
         if not any(word in str(e) for word in _HOST_COMPUTE_FAILURES):
             raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             f"XLA could not compile the optimizer update as host computation "
             f"(compute_on('device_host')) for placement update_on={placement.update_on!r} "

@@ -17,7 +17,7 @@ from ..aio import file_table_stats
 from ..distributed import ShardedPagedStep, ShardedParams, init_sharded
 from ..placement import (
     abstract_with,
-    compile_step,
+    compile_placed,
     fetch_params,
     jit_step,
     state_shardings,
@@ -348,7 +348,7 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
             state = jax.tree.map(from_host, state, shardings)
         else:
             state = jax.device_put(state, shardings)
-        step_fn = compile_step(step_fn.lower(state, *batches(start)), placement)
+        step_fn = compile_placed(step_fn.lower(state, *batches(start)), placement)
     compile_s = time.perf_counter() - t0
     if evaluate is None:
         loss_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
