@@ -68,21 +68,23 @@ PEAK_FLOPS = {
 MEM_FRACTION: float | None = None
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["JAX_PLATFORMS"] = "cuda,cpu"  # the tests' conftest defaults to cpu
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+def forced_env() -> dict[str, str]:
+    """What every child (probe or test run) is given over this process's environment."""
+    env = {"JAX_PLATFORMS": "cuda,cpu"}  # the tests' conftest defaults to cpu
     if MEM_FRACTION is not None:
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(MEM_FRACTION)
     return env
 
 
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, **forced_env())
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    return env
+
+
 def env_prefix() -> list[str]:
-    """The environment a probe's command runs under, as words of a shell command."""
-    words = ["JAX_PLATFORMS=cuda,cpu"]
-    if MEM_FRACTION is not None:
-        words.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={MEM_FRACTION}")
-    return words
+    """`forced_env` as the words of a shell command, for the records' ``command``."""
+    return [f"{k}={v}" for k, v in forced_env().items()]
 
 
 def require_gpu() -> str:
@@ -231,7 +233,7 @@ def part_tests(out: Path, kind: str, a) -> None:
     except subprocess.TimeoutExpired as e:
         rc, tail = "timeout", str(e.stdout or "")[-6000:]
     rec = {
-        "command": " ".join(["JAX_PLATFORMS=cuda,cpu", "python"] + cmd[1:]),
+        "command": " ".join(env_prefix() + ["python"] + cmd[1:]),
         "returncode": rc,
         "seconds": round(time.perf_counter() - t0, 1),
         "output_tail": tail,

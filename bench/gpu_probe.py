@@ -98,6 +98,27 @@ def put_leaf_by_leaf(leaves: list, treedef, shardings):
     return treedef.unflatten(out)
 
 
+def step_figures(a: argparse.Namespace, dev, n_params: int, times: list, losses: list) -> dict:
+    """The device's memory figures (this process's peak) and the figures of ``a.steps`` timed
+    steps: the median of all but the first, tokens/s, model FLOP/s, finite, loss falling."""
+    import numpy as np
+
+    stats = dev.memory_stats() or {}
+    memory = {k: int(v) for k, v in stats.items() if isinstance(v, int)}
+    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
+    # 6 N per token (forward + backward) + attention 12 L T d; remat recompute not counted.
+    flops = 6 * n_params + 12 * a.layers * a.seq_len * a.d_model
+    return {
+        "memory_stats": memory,
+        "peak_bytes_in_use": memory.get("peak_bytes_in_use"),
+        "step_s_median": round(steady, 5),
+        "tokens_per_s": round(a.batch_size * a.seq_len / steady, 1),
+        "model_flops_per_s": flops * a.batch_size * a.seq_len / steady,
+        "finite": bool(np.all(np.isfinite(losses))),
+        "loss_falling": len(losses) >= 2 and losses[-1] < losses[0],
+    }
+
+
 def memory_analysis(compiled) -> dict:
     m = compiled.memory_analysis()
     if m is None:
@@ -177,19 +198,9 @@ def run(a: argparse.Namespace) -> dict:
         state, metrics = compiled(state, tokens[i, :, :-1], tokens[i, :, 1:])
         losses.append(float(metrics["loss"]))  # blocks: the step's time includes its work
         times.append(time.perf_counter() - t)
-    stats = dev.memory_stats() or {}
-    rec["memory_stats"] = {k: int(v) for k, v in stats.items() if isinstance(v, int)}
-    rec["peak_bytes_in_use"] = rec["memory_stats"].get("peak_bytes_in_use")
     rec["losses"] = losses
     rec["step_s"] = [round(t, 5) for t in times]
-    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
-    rec["step_s_median"] = round(steady, 5)
-    rec["tokens_per_s"] = round(a.batch_size * a.seq_len / steady, 1)
-    # 6 N per token (forward + backward) + attention 12 L T d; remat recompute not counted.
-    flops = 6 * n_params + 12 * a.layers * a.seq_len * a.d_model
-    rec["model_flops_per_s"] = flops * a.batch_size * a.seq_len / steady
-    rec["finite"] = bool(np.all(np.isfinite(losses)))
-    rec["loss_falling"] = len(losses) >= 2 and losses[-1] < losses[0]
+    rec.update(step_figures(a, dev, n_params, times, losses))
     if store is not None:
         import shutil
 
@@ -212,7 +223,6 @@ def run_bench_mode(a: argparse.Namespace) -> dict:
     block parameters in the page store, read a layer ahead through the CUDA paging calls), run
     on the GPU with its device-memory figures added: the CPU capacity record's pair of modes."""
     import jax
-    import numpy as np
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import capacity
@@ -238,9 +248,6 @@ def run_bench_mode(a: argparse.Namespace) -> dict:
         import shutil
 
         shutil.rmtree(store, ignore_errors=True)
-    stats = dev.memory_stats() or {}
-    times, losses = rec["step_s"], rec["losses"]
-    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
     rec.update(
         placement=f"bench:{a.bench_mode}",
         optimizer=a.bench_mode,
@@ -249,17 +256,13 @@ def run_bench_mode(a: argparse.Namespace) -> dict:
         device=dev.device_kind,
         platform=dev.platform,
         jax=jax.__version__,
-        memory_stats={k: int(v) for k, v in stats.items() if isinstance(v, int)},
-        step_s_median=round(steady, 5),
-        tokens_per_s=round(a.batch_size * a.seq_len / steady, 1),
-        finite=bool(np.all(np.isfinite(losses))),
     )
-    rec["peak_bytes_in_use"] = rec["memory_stats"].get("peak_bytes_in_use")
-    flops = 6 * rec["params"] + 12 * a.layers * a.seq_len * a.d_model
-    rec["model_flops_per_s"] = flops * a.batch_size * a.seq_len / steady
+    figures = step_figures(a, dev, rec["params"], rec["step_s"], rec["losses"])
     # capacity.run_probe judges a falling loss over two passes of the same windows (>= 10
-    # steps); below that, the last loss under the first
-    rec.setdefault("loss_falling", len(losses) >= 2 and losses[-1] < losses[0])
+    # steps); below that, step_figures' last loss under the first
+    if "loss_falling" in rec:
+        del figures["loss_falling"]
+    rec.update(figures)
     return rec
 
 
