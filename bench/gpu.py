@@ -400,6 +400,12 @@ def mfu(rec: dict, kind: str) -> float | None:
 def part_capacity(out: Path, kind: str, a, t_end: float) -> None:
     path = out / f"{a.capacity_name}.json"
     data = json.loads(path.read_text()) if path.exists() else {"searches": {}}
+    if data.get("mem_fraction", MEM_FRACTION) != MEM_FRACTION:
+        # a bracket's verdicts hold for one memory cap only
+        raise SystemExit(
+            f"{path} holds probes at --mem-fraction {data['mem_fraction']}, not "
+            f"{MEM_FRACTION}: give this search another --capacity-name, or the same fraction"
+        )
     data["mem_fraction"] = MEM_FRACTION
     plans = (
         {("plain" if p == "device" else f"plain:{p}"): p for p in a.plain_plans}

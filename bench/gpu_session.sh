@@ -47,18 +47,29 @@ if ! python3 -c "import jaxoff._ffi" 2>/dev/null; then
 fi
 python3 -X faulthandler -c "import jaxoff, jaxoff._ffi as f; from jaxoff.aio import cuda_status, backend_status; print(cuda_status()); print(backend_status())"
 
-# Records of an earlier session (SEED, default bench/results/gpu): their verdicts are kept.
+# Records of an earlier session on the same kind of GPU (SEED, default bench/results/gpu for
+# an H200, bench/results/gpu-h100 for an H100): their verdicts are kept.
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case $GPU_NAME in
+  *H100*) SEED_DEFAULT=bench/results/gpu-h100 ;;
+  *H200*) SEED_DEFAULT=bench/results/gpu ;;
+  *) SEED_DEFAULT=/nonexistent ;;
+esac
 SEED_ARGS=()
-[ -d "${SEED-bench/results/gpu}" ] && SEED_ARGS=(--seed "${SEED-bench/results/gpu}")
+[ -d "${SEED-$SEED_DEFAULT}" ] && SEED_ARGS=(--seed "${SEED-$SEED_DEFAULT}")
+# The fraction of this GPU's memory that is 3.4 GB (the Fuyou pair's cap on any GPU).
+GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+FRAC_3G4=$(python3 -c "print(round(3.4e9 / ($GPU_MIB * 2**20), 4))")
 # Page stores of the paged probes (default: tmpfs, host memory; set STORE to an NVMe folder).
 STORE=${STORE:-/dev/shm/jaxoff-gpu}
 SIZE=(--layers 8 --d-model 2048 --seq-len 1024 --batch-size 8 --steps 5)
 CAP=(--capacity-d-model 2048 --seq-len 1024 --batch-size 8 --mem-fraction 0.1)
 # The CPU record's pair of modes, bf16 parameters with fp32 masters and moments: plain on the
-# device against Fuyou with optimizer state and block parameters in the page store. 3 GB of
-# device memory (--mem-fraction 0.02) keeps a probe's page traffic to seconds a step.
-FUYOU=(--capacity-name capacity_fuyou --capacity-d-model 1024 --seq-len 1024 --batch-size 8
-       --mem-fraction 0.02 --store-dir "$STORE")
+# device against Fuyou with optimizer state and block parameters in the page store. 3.4 GB of
+# device memory keeps a probe's page traffic to seconds a step (an H100 measured 1.5 s a step
+# for Fuyou at 16 layers x 1024, which fit, where plain-bf16 did not).
+FUYOU=(--capacity-name capacity_fuyou_3g4 --capacity-d-model 1024 --seq-len 1024 --batch-size 8
+       --mem-fraction "$FRAC_3G4" --store-dir "$STORE")
 run_part() {
   case $1 in
     env) part env 60 --parts env ;;
@@ -71,9 +82,9 @@ run_part() {
       "${CAP[@]}" --capacity-start-layers 48 --capacity-grow 1.5 \
       --jaxoff-plans host_params_stream1 ;;
     capacity-bf16) part capacity-bf16 120 --parts capacity --capacity-mode plain "${FUYOU[@]}" \
-      --plain-plans bench:plain-bf16 --capacity-start-layers 12 --capacity-grow 1.5 ;;
+      --plain-plans bench:plain-bf16 --capacity-start-layers 8 --capacity-grow 1.5 ;;
     capacity-fuyou) part capacity-fuyou 240 --parts capacity --capacity-mode jaxoff "${FUYOU[@]}" \
-      --jaxoff-plans bench:fuyou-nvme --capacity-start-layers 48 --capacity-grow 1.5 ;;
+      --jaxoff-plans bench:fuyou-nvme --capacity-start-layers 32 --capacity-grow 1.5 ;;
     policies) part policies 90 --parts policies "${SIZE[@]}" ;;
     placements-rest) part placements-rest 120 --parts placements "${SIZE[@]}" \
       --placements host_opt_xfer host_params_stream2 paged:host_params ;;

@@ -86,7 +86,10 @@ def test_cuda_module_loads_with_no_driver_and_binds_the_host_half():
         mod.bind_host_api(_ffi.registrations()["jaxoff_copy"])
     mod.bind_host_api(_ffi.host_paging_api())
     assert mod.host_api_bound()
-    assert mod.pinned_bytes() == {"held": 0, "cap": mod.pinned_bytes()["cap"]}
+    pinned = mod.pinned_bytes()
+    assert sorted(pinned) == ["cap", "held"] and pinned["held"] >= 0 and pinned["cap"] >= 0
+    if rt["device_count"] == 0:  # nothing can be pinned without a device
+        assert pinned["held"] == 0
 
 
 def test_cuda_status_is_consistent():
@@ -114,6 +117,8 @@ def simulate_gpu_without_cuda_module(monkeypatch, default_is_gpu=True):
     monkeypatch.setattr(_cuda, "default_is_gpu", lambda: default_is_gpu)
     monkeypatch.setattr(_ffi_calls, "_cuda_checked", False)
     monkeypatch.setattr(_ffi_calls, "_cuda_missing", "")
+    # On a GPU machine an earlier test of this process may have registered the real targets.
+    monkeypatch.setattr(_ffi_calls, "_cuda_registered", False)
 
 
 CALLS = {

@@ -181,12 +181,18 @@ def probe(**kw) -> dict:
     r = subprocess.run(args, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads(r.stdout.strip().splitlines()[-1])
+    if not rec["ok"] and HOST_COMPUTE_REFUSED in rec.get("error", ""):
+        # jaxoff.placement.compile_placed's ConfigError: this XLA does not compile the update
+        # as host computation (JAX 0.11.2 on an H100 and an H200; docs/gpu.md). Any other
+        # failure fails the test.
+        pytest.xfail(f"JAX {jax.__version__}: {rec['error'][:400]}")
     assert rec["ok"], rec
     assert rec["platform"] == "gpu" and rec["peak_bytes_in_use"], rec
     return rec
 
 
 SIZE = dict(d_model=1024, seq_len=128, batch_size=4, steps=3, policy="full")
+HOST_COMPUTE_REFUSED = "XLA could not compile the optimizer update as host computation"
 
 
 def test_host_placement_lowers_device_peak():
@@ -222,3 +228,24 @@ def test_streaming_keeps_at_most_window_plus_one_layers_on_device(window):
     # The run that holds all 8 layers needs at least (8 - (w + 1)) layers more than the window.
     assert peak(whole[8]) - peak(streamed[8]) >= int(0.9 * (8 - (window + 1)) * lb)
     assert streamed[8]["losses"] == whole[8]["losses"]
+
+
+def test_fuyou_pages_optimizer_and_block_parameters_off_the_device():
+    """bench/capacity.py's pair of modes on the GPU: Fuyou with the AdamW state and the block
+    parameters in a page store (read a layer ahead through the CUDA paging calls) against the
+    same bf16 model with fp32 masters and moments on the device. Fuyou's device peak leaves
+    out at least half of what it pages (fp32 masters and two moments of the blocks, 12 bytes a
+    parameter), and it trains the same steps to the same losses up to rounding: the update is
+    the fused CPU AdamW instead of optax on the GPU, then rounded to bf16 parameters."""
+    size = dict(layers=4, d_model=512, seq_len=256, batch_size=4, steps=10)
+    plain = probe(bench_mode="plain-bf16", **size)
+    fuyou = probe(bench_mode="fuyou-nvme", **size)
+    block_params = 4 * 12 * 512 * 512  # attention 4 d^2 + MLP 8 d^2 per layer
+    paged_bytes = 12 * block_params
+    assert fuyou["peak_bytes_in_use"] <= plain["peak_bytes_in_use"] - paged_bytes // 2, (
+        fuyou["peak_bytes_in_use"],
+        plain["peak_bytes_in_use"],
+        paged_bytes,
+    )
+    assert fuyou["loss_falling"] and plain["loss_falling"]
+    np.testing.assert_allclose(fuyou["losses"], plain["losses"], rtol=1e-3)
