@@ -207,7 +207,7 @@ def part_tests(out: Path, kind: str, a) -> None:
         "pytest",
         "tests/test_gpu.py",
         "tests/test_cuda_build.py",
-        "-rs",
+        "-rsx",
         "-q",
         # Two workers: a test that crashes its process fails alone (xdist replaces the worker)
         # instead of ending the run, as a segfault in the paging module did on the first GPU.

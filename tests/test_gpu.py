@@ -3,7 +3,7 @@
 Run them on a GPU machine with JAX's GPU backend enabled (conftest.py defaults JAX_PLATFORMS to
 cpu):
 
-    JAX_PLATFORMS=cuda,cpu python -m pytest -m gpu tests/test_gpu.py -rs
+    JAX_PLATFORMS=cuda,cpu python -m pytest -m gpu tests/test_gpu.py -rsx
 
 What they check: the CUDA paging handlers round-trip bytes and checksums inside a step jitted
 for the GPU; the paged AdamW step on the GPU equals plain optax on the GPU (bitwise, leaf by
