@@ -22,7 +22,8 @@ TEST(Crc32cKnownVectors) {
 TEST(Crc32cHardwareMatchesTable) {
   auto data = RandomBytes(1 << 16, 7);
   for (size_t start : {0, 1, 3, 7}) {
-    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 4095, 4097, 60000}) {
+    // 24576 = three streams of 8 KiB, the smallest run the hardware path interleaves
+    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 4095, 4097, 24575, 24576, 24577, 49157, 60000}) {
       const char* p = data.data() + start;
       CHECK_EQ(Crc32cExtend(0, p, n), Crc32cExtendPortable(0, p, n));
     }
@@ -64,7 +65,8 @@ TEST(Crc32cCopyCopiesAndChecksums) {
   using jaxoff::aio::Crc32cCopy;
   auto data = RandomBytes((1 << 20) + 77, 17);
   for (size_t start : {0, 1, 64}) {
-    for (size_t n : {size_t{0}, size_t{5}, size_t{65536}, size_t{65537}, size_t{1 << 20}}) {
+    for (size_t n : {size_t{0}, size_t{5}, size_t{24575}, size_t{24576}, size_t{24583},
+                     size_t{65536}, size_t{65537}, size_t{1 << 20}}) {
       std::string out(n + 1, '\x5a');
       const char* src = data.data() + start;
       CHECK_EQ(Crc32cCopy(0, out.data(), src, n), Crc32c(src, n));

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import threading
 from typing import Any
@@ -385,10 +386,10 @@ class Pager:
         # The first read waits for the check that the state describes the store's committed
         # version: a stale state (e.g. restored without its pages) is refused with its cause.
         tok = new_token() + io_callback(
-            self._check,
+            functools.partial(self._check_packed, crc_shapes(state.crcs)),
             jax.ShapeDtypeStruct((), jnp.int32),
             state.version,
-            tuple(state.crcs),
+            pack_crcs(state.crcs),
             ordered=False,
         )
         split = self.engine.pool_bytes >= self.split_phase_bytes(plan)
@@ -458,11 +459,11 @@ class Pager:
         # cannot lower next to outputs placed in host memory.)
         tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
         version = io_callback(
-            self._commit,
+            functools.partial(self._commit_packed, crc_shapes(state.crcs), crc_shapes(new_crcs)),
             jax.ShapeDtypeStruct((), jnp.int32),
             state.version,
-            tuple(state.crcs),
-            tuple(new_crcs),
+            pack_crcs(state.crcs),
+            pack_crcs(new_crcs),
             tuple(tokens),
             ordered=False,
         )
@@ -507,6 +508,13 @@ class Pager:
             )
         return self._chunk_fns[key][1](*args)
 
+    def _check_packed(self, shapes, version, packed):
+        return self._check(version, unpack_crcs(packed, shapes))
+
+    def _commit_packed(self, old_shapes, new_shapes, version, old_packed, new_packed, tokens):
+        old = unpack_crcs(old_packed, old_shapes)
+        return self._commit(version, old, unpack_crcs(new_packed, new_shapes), tokens)
+
     def _check(self, version, crcs):
         store = self.store
         if store is None or store.closed:
@@ -528,6 +536,28 @@ class Pager:
             background=True,  # durable behind the next step (see commit_gate)
         )
         return np.asarray(new, np.int32)
+
+
+def crc_shapes(crcs) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(c.shape) for c in crcs)
+
+
+def pack_crcs(crcs) -> jax.Array:
+    """Every chunk checksum of a state as one operand of a host callback. ``io_callback``
+    moves its operands to the CPU device one at a time (a dispatch each), and a state holds
+    one checksum array per store entry: packed, a step's callbacks cost two dispatches
+    instead of two per entry (`unpack_crcs` splits them again)."""
+    return jnp.concatenate([jnp.ravel(c).astype(jnp.uint32) for c in crcs])
+
+
+def unpack_crcs(packed, shapes) -> list[np.ndarray]:
+    """The per-entry checksum arrays `pack_crcs` packed, with their ``shapes``."""
+    flat = np.asarray(packed, np.uint32)
+    sizes = [math.prod(s) for s in shapes]
+    if flat.size != sum(sizes):
+        raise ValueError(f"{flat.size} packed checksums for shapes holding {sum(sizes)}")
+    parts = np.split(flat, np.cumsum(sizes)[:-1]) if shapes else []
+    return [x.reshape(s) for x, s in zip(parts, shapes, strict=True)]
 
 
 def _check_chunk_bytes(chunk_bytes) -> int:

@@ -97,6 +97,7 @@ from jaxoff.optim import (
     ram_from_bytes,
     write_chunk,
 )
+from jaxoff.optim._paged import crc_shapes, pack_crcs, unpack_crcs
 from jaxoff.step import cross_entropy
 
 from . import _fuyou_params as fp
@@ -786,11 +787,10 @@ def make_fuyou_step(
         # every write of the step is durable before the commit (write-behind ones included)
         flushed = page_flush(lay.table, tok + tok_ram)
         version = io_callback(
-            functools.partial(_commit, lay),
+            functools.partial(_commit_packed, lay, crc_shapes(new_crcs), crc_shapes(pcrcs_b)),
             jax.ShapeDtypeStruct((), jnp.int32),
             opt.version,
-            tuple(new_crcs),
-            tuple(pcrcs_b),
+            pack_crcs([*new_crcs, *pcrcs_b]),
             flushed,
             ordered=False,
         )
@@ -889,6 +889,12 @@ def _map_blocks(params, fn):
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
     convert = jax.jit(fn, donate_argnums=0)
     return jax.tree.unflatten(treedef, [convert(x) if _is_block_path(p) else x for p, x in flat])
+
+
+def _commit_packed(lay: _Layout, shapes, pshapes, version, packed, token) -> np.ndarray:
+    """`_commit` from one packed operand (`jaxoff.optim._paged.pack_crcs`)."""
+    crcs = unpack_crcs(packed, (*shapes, *pshapes))
+    return _commit(lay, version, crcs[: len(shapes)], crcs[len(shapes) :], token)
 
 
 def _commit(lay: _Layout, version, crcs, pcrcs, token) -> np.ndarray:
