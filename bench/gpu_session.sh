@@ -91,8 +91,10 @@ run_part() {
     *) echo "unknown part $1" ;;
   esac
 }
-DEFAULT="env tests placements capacity-plain capacity-bf16 capacity-fuyou policies"
-DEFAULT="$DEFAULT placements-rest capacity-jaxoff"
+# capacity-jaxoff (host_params_stream1) is left to PARTS: XLA 0.11.2 does not compile its
+# host-side update on a GPU (docs/gpu.md).
+DEFAULT="env tests capacity-bf16 capacity-fuyou placements policies placements-rest"
+DEFAULT="$DEFAULT capacity-plain"
 for p in ${PARTS:-$DEFAULT}; do
   run_part "$p"
 done

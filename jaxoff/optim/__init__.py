@@ -15,11 +15,14 @@ from ._chunks_api import LeafPlan as LeafPlan
 from ._chunks_api import Plan as Plan
 from ._chunks_api import chunk_updater as chunk_updater
 from ._chunks_api import commit_gate as commit_gate
+from ._chunks_api import crc_shapes as crc_shapes
 from ._chunks_api import ends_with_paged as ends_with_paged
 from ._chunks_api import entry_ios as entry_ios
+from ._chunks_api import pack_crcs as pack_crcs
 from ._chunks_api import path_name as path_name
 from ._chunks_api import ram_bytes as ram_bytes
 from ._chunks_api import ram_bytes_np as ram_bytes_np
+from ._chunks_api import unpack_crcs as unpack_crcs
 from ._chunks_api import write_chunk as write_chunk
 from ._fused import FusedAdamW as FusedAdamW
 from ._fused import FusedAdamWState as FusedAdamWState
@@ -46,11 +49,14 @@ __all__ = [
     "Plan",
     "chunk_updater",
     "commit_gate",
+    "crc_shapes",
     "ends_with_paged",
     "entry_ios",
+    "pack_crcs",
     "path_name",
     "ram_bytes",
     "ram_bytes_np",
+    "unpack_crcs",
     "ram_from_bytes",
     "write_chunk",
     "FusedAdamW",

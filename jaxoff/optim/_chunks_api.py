@@ -41,10 +41,13 @@ from jaxoff.optim._paged import (
     Pager,
     _write_chunk,
     commit_gate,
+    crc_shapes,
     entry_ios,
+    pack_crcs,
     prefetch_bytes,
     ram_bytes,
     ram_bytes_np,
+    unpack_crcs,
 )
 from jaxoff.optim._pipeline import EntryIO, page_leaf, prefetch_chunk
 from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, check_index_range, path_name
@@ -57,11 +60,14 @@ __all__ = [
     "Plan",
     "chunk_updater",
     "commit_gate",
+    "crc_shapes",
     "ends_with_paged",
     "entry_ios",
+    "pack_crcs",
     "path_name",
     "ram_bytes",
     "ram_bytes_np",
+    "unpack_crcs",
     "write_chunk",
 ]
 

@@ -89,15 +89,17 @@ from jaxoff.optim import (
     commit_gate,
     copy_in,
     copy_out,
+    crc_shapes,
     ends_with_paged,
     entry_ios,
+    pack_crcs,
     path_name,
     ram_bytes,
     ram_bytes_np,
     ram_from_bytes,
+    unpack_crcs,
     write_chunk,
 )
-from jaxoff.optim._paged import crc_shapes, pack_crcs, unpack_crcs
 from jaxoff.step import cross_entropy
 
 from . import _fuyou_params as fp
