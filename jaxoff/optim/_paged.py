@@ -539,6 +539,7 @@ class Pager:
 
 
 def crc_shapes(crcs) -> tuple[tuple[int, ...], ...]:
+    """The shapes `unpack_crcs` needs to split what `pack_crcs` packed from ``crcs``."""
     return tuple(tuple(c.shape) for c in crcs)
 
 

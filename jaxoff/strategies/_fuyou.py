@@ -894,7 +894,7 @@ def _map_blocks(params, fn):
 
 
 def _commit_packed(lay: _Layout, shapes, pshapes, version, packed, token) -> np.ndarray:
-    """`_commit` from one packed operand (`jaxoff.optim._paged.pack_crcs`)."""
+    """`_commit` from one packed operand (`jaxoff.optim.pack_crcs`)."""
     crcs = unpack_crcs(packed, (*shapes, *pshapes))
     return _commit(lay, version, crcs[: len(shapes)], crcs[len(shapes) :], token)
 
