@@ -33,6 +33,24 @@ def test_data_from_a_text_file(tmp_path):
     assert tokens.tobytes().startswith(b"hello world. hello")
 
 
+def test_a_folder_is_read_in_path_order_without_site_packages(tmp_path):
+    root = tmp_path / "corpus"
+    files = {
+        "b.txt": b"second " * 100,
+        "a/z.md": b"first " * 100,
+        "a/skip.bin": b"binary " * 100,
+        "lib/site-packages/pkg/mod.py": b"installed " * 100,
+        "c.py": b"third " * 100,
+    }
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    (root / "d").symlink_to(root / "a", target_is_directory=True)  # not entered, as by rglob
+    text = load_corpus(root).tobytes()
+    want = b"\0".join(files[n] for n in ("a/z.md", "b.txt", "c.py")) + b"\0"
+    assert text == want
+
+
 def test_tiny_run_loss_falls(tiny_train_args):
     result = train(TrainConfig(**{**tiny_train_args, "steps": 40, "lr": 3e-3}))
     losses = result.losses

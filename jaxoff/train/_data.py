@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sysconfig
 from pathlib import Path
 
@@ -29,11 +30,15 @@ def default_corpus_dir() -> Path:
 
 
 def _text_files(root: Path) -> list[Path]:
-    files = [
-        p
-        for p in root.rglob("*")
-        if p.is_file() and p.suffix in TEXT_SUFFIXES and "site-packages" not in p.parts
-    ]
+    """The text files under ``root`` in sorted relative-path order; ``site-packages`` folders
+    are not entered (the installed packages there are most of the files below a stdlib)."""
+    files = []
+    for top, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "site-packages"]
+        for name in names:
+            p = Path(top, name)
+            if p.suffix in TEXT_SUFFIXES and p.is_file():
+                files.append(p)
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
