@@ -16,6 +16,13 @@ medians over all steps):
   chunk by chunk through the paged optimizer's engine configuration, no compute
   (``bench/paged_step.py``'s replay).
 
+Each variant's CPU time a step is measured too (``time.process_time``: every thread of the
+process, XLA's and the engine's). Overlap hides I/O behind compute only where a core is free
+to do the I/O's CPU work (kernel copies, staging, checksums): the **CPU bound**
+``max(compute-only, pure I/O, (compute-only CPU + pure I/O CPU) / cores)`` is the shortest a
+step can take on this machine's cores if every CPU second of both is kept; fuyou / CPU bound is
+printed beside fuyou / max(compute-only, pure I/O).
+
 Prints fuyou_nvme / fuyou (what paging the parameters costs), fuyou / sequential,
 fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 
@@ -33,6 +40,7 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 import argparse
 import functools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -105,17 +113,20 @@ def main():
         for _ in range(2):  # compile and warm up
             state, m = step(state, inputs, targets)
         jax.block_until_ready(m)
-        runs[name] = {"step": step, "state": state, "times": [], "losses": [], "table": table}
+        runs[name] = {
+            "step": step, "state": state, "times": [], "cpu": [], "losses": [], "table": table
+        }  # fmt: skip
         runs[name]["busy_s"] = runs[name]["wait_s"] = 0.0
     for r in range(a.rounds):
         for name in variants:
             run = runs[name]
             before = file_table_stats(run["table"]) if run["table"] else None
             for _ in range(a.steps):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 run["state"], m = run["step"](run["state"], inputs, targets)
                 jax.block_until_ready((run["state"], m))
                 run["times"].append(time.perf_counter() - t0)
+                run["cpu"].append(time.process_time() - c0)
                 run["losses"].append(float(m["loss"]))
             if before is not None:
                 after = file_table_stats(run["table"])
@@ -139,10 +150,15 @@ def main():
             }
     for tx in txs:
         tx.close()
-    io = statistics.median(replay_io(f"{root}/fuyou", 4)["io_s"] for _ in range(a.io_reps))
+    replays = [replay_io(f"{root}/fuyou", 4) for _ in range(a.io_reps)]
+    io = statistics.median(r["io_s"] for r in replays)
+    io_cpu = statistics.median(r["cpu_s"] for r in replays)
     med = {n: statistics.median(runs[n]["times"]) for n in variants}
+    cpu = {n: statistics.median(runs[n]["cpu"]) for n in variants}
     c, s, f, fn = med["compute_only"], med["sequential"], med["fuyou"], med["fuyou_nvme"]
     hidden = min(1.0, max(0.0, 1.0 - (f - c) / io)) if io > 0 else None
+    cores = len(os.sched_getaffinity(0))
+    cpu_bound = max(c, io, (cpu["compute_only"] + io_cpu) / cores)
     summary = {
         "compute_only_s": c,
         "sequential_s": s,
@@ -156,18 +172,30 @@ def main():
         "sequential_over_compute_only": s / c,
         "compute_over_io": c / io,
         "io_hidden": hidden,
+        "cores": cores,
+        "cpu_s_per_step": cpu,
+        "pure_io_cpu_s": io_cpu,
+        "cpu_bound_s": cpu_bound,
+        "fuyou_over_cpu_bound": f / cpu_bound,
+        "sequential_over_cpu_bound": s / cpu_bound,
         "engine_io_hidden": {n: e["io_hidden"] for n, e in engine.items()},
     }
     print(f"\nmodel {a.model}, batch {a.batch}x{a.seq}, chunk {a.chunk_mib} MiB, medians")
     for n in variants:
-        print(f"{n:>13}: {med[n] * 1e3:.1f} ms/step")
-    print(f"{'pure I/O':>13}: {io * 1e3:.1f} ms (compute-only / pure I/O = {c / io:.2f})")
+        print(f"{n:>13}: {med[n] * 1e3:.1f} ms/step, {cpu[n] * 1e3:.1f} ms CPU")
+    print(
+        f"{'pure I/O':>13}: {io * 1e3:.1f} ms, {io_cpu * 1e3:.1f} ms CPU "
+        f"(compute-only / pure I/O = {c / io:.2f})"
+    )
+    print(f"{'CPU bound':>13}: {cpu_bound * 1e3:.1f} ms ({cores} cores)")
     print(f"fuyou / sequential            = {f / s:.3f}")
     if a.sync_commit:
         summary["sequential_over_sync_commit"] = s / med["sequential_sync_commit"]
         print(f"sequential / sync commit      = {summary['sequential_over_sync_commit']:.3f}")
     print(f"fuyou_nvme / fuyou            = {fn / f:.3f}")
     print(f"fuyou / max(compute, I/O)     = {f / max(c, io):.3f}")
+    print(f"fuyou / CPU bound             = {f / cpu_bound:.3f}")
+    print(f"sequential / CPU bound        = {s / cpu_bound:.3f}")
     print(f"I/O hidden, from outside      = {100 * hidden:.0f}%")
     for n, e in engine.items():
         print(
@@ -183,7 +211,12 @@ def main():
             "summary": summary,
             "engine": engine,
             "runs": {
-                n: {"step_s": runs[n]["times"], "losses": runs[n]["losses"]} for n in variants
+                n: {
+                    "step_s": runs[n]["times"],
+                    "cpu_s": runs[n]["cpu"],
+                    "losses": runs[n]["losses"],
+                }
+                for n in variants
             },
         }
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
