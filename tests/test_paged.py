@@ -436,3 +436,29 @@ def test_an_optimizer_closed_late_leaves_the_table_of_the_one_on_its_store_now(t
     assert_trees_equal(params3, ref_params)
     tx2.close()
     ref_tx.close()
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "lion", "sgd", "rmsprop"])
+def test_the_trainers_optimizers_pass_the_probe_it_skips(tmp_path, monkeypatch, name):
+    """``jaxoff train`` pages its own optimizers with ``probe=False``: each of them passes the
+    probe (with the trainer's hyper-parameters and clipping), and the trainer's paged
+    transformation indeed does not run it (a probe that always refuses is not reached)."""
+    from jaxoff.optim import _paged
+    from jaxoff.train import TrainConfig
+
+    cfg = TrainConfig(optimizer=name, store=str(tmp_path / "s"), out_dir=tmp_path / "run")
+    pre, tx = cfg.build_optimizer_parts()
+    assert pre is None  # the clipping is split off inside the paged transformation
+    params = mlp_params()
+    probed = paged(optax.chain(optax.clip_by_global_norm(1.0), tx.pager.inner), tmp_path / "p")
+    probed.init(params)  # the real probe: raises NotElementwiseError if it is not element-wise
+    probed.pager.close()
+
+    def refuse(*args):
+        raise NotElementwiseError("probe called")
+
+    monkeypatch.setattr(_paged, "probe_elementwise", refuse)
+    tx.init(params)  # no probe
+    tx.pager.close()
+    with pytest.raises(NotElementwiseError, match="probe called"):
+        paged(OPTIMIZERS[name](), tmp_path / "q").init(params)

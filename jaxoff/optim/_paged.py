@@ -67,6 +67,7 @@ def paged(
     master_dtype: Any = jnp.float32,
     engine: EngineConfig | None = None,
     slots: int = 2,
+    probe: bool = True,
 ) -> PagedTransformation:
     """Pages the state of an element-wise optax transformation, and fp32 master weights, to SSD.
 
@@ -91,6 +92,11 @@ def paged(
         is written, so a crash mid-update leaves the previous step; 1 writes every update in
         place (half the disk: 12 instead of 24 bytes/parameter for fp32 masters and Adam
         moments), and a crash mid-update then needs a checkpoint (`PageStoreTornError`).
+      probe: run the element-wise probe (a small tree updated whole and chunk by chunk,
+        compared) at the first `init` or `update` of each parameter tree: a few seconds of
+        tracing. Pass False only for a transformation known to be element-wise: `jaxoff
+        train` does for its own optimizers (adamw, adam, lion, sgd, rmsprop), whose paged
+        updates the tests compare bitwise with optax's.
 
     >>> import optax, jax.numpy as jnp, tempfile
     >>> tx = paged(optax.adamw(1e-3), tempfile.mkdtemp() + "/store", chunk_bytes=4096)
@@ -102,7 +108,13 @@ def paged(
     >>> tx.close()
     """
     pager = Pager(
-        tx, store, chunk_bytes=chunk_bytes, master_dtype=master_dtype, engine=engine, slots=slots
+        tx,
+        store,
+        chunk_bytes=chunk_bytes,
+        master_dtype=master_dtype,
+        engine=engine,
+        slots=slots,
+        probe=probe,
     )
     return PagedTransformation(pager.init, pager.update)
 
@@ -162,7 +174,7 @@ def prefetch_bytes(plan: Plan, leaf: LeafPlan, n: int) -> int:
 class Pager:
     """Everything behind one `paged` transformation: plan, store, compiled tables."""
 
-    def __init__(self, tx, store, *, chunk_bytes, master_dtype, engine, slots=2):
+    def __init__(self, tx, store, *, chunk_bytes, master_dtype, engine, slots=2, probe=True):
         if not isinstance(tx, optax.GradientTransformation) and hasattr(
             tx, "gradient_transformation"
         ):  # optax.MultiSteps
@@ -183,6 +195,7 @@ class Pager:
             self.chunk_bytes = _check_chunk_bytes(chunk_bytes)
         self._plans: dict = {}
         self._chunk_fns: dict = {}  # (id(plan), leaf) -> (plan, jitted chunk update)
+        self._probe = probe
         self._probed: set = set()
         self._ios: list[EntryIO] | None = None
         self._registration: int | None = None  # of the file table, while _ios is set
@@ -199,7 +212,7 @@ class Pager:
                 self.pre, self.inner, params, self.chunk_bytes, self.master_dtype, parts=parts
             )
         plan = self._plans[key]
-        if key not in self._probed:
+        if self._probe and key not in self._probed:
             probe_elementwise(self.inner, plan, self.master_dtype)
             self._probed.add(key)
         return plan
