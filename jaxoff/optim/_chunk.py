@@ -13,11 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
 from jaxoff.optim._plan import Plan
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> jax.Array:
+    """``jnp.zeros(shape, dtype)``, the same equation in a trace at a third of the tracing
+    cost: these trees are built once per leaf per traced chunk update, for every leaf."""
+    return lax.broadcast_in_dim(np.zeros((), dtype), shape, ())
 
 
 def _tree_with(plan: Plan, j: int, x: Any, dtypes) -> Any:
@@ -26,11 +32,7 @@ def _tree_with(plan: Plan, j: int, x: Any, dtypes) -> Any:
     # than in a plain optax update of a many-leaf tree, changing the last bit of the result.
     shape = (lambda leaf: leaf.empty_shape()) if j < 0 else (lambda leaf: leaf.one_shape())
     leaves = [
-        optax.MaskedNode()
-        if dtypes[i] is None
-        else x
-        if i == j
-        else jnp.zeros(shape(leaf), dtypes[i])
+        optax.MaskedNode() if dtypes[i] is None else x if i == j else _zeros(shape(leaf), dtypes[i])
         for i, leaf in enumerate(plan.leaves)
     ]
     return jax.tree.unflatten(plan.params_def, leaves)
