@@ -21,8 +21,9 @@ from jaxoff.optim._plan import Plan
 
 
 def _zeros(shape: tuple[int, ...], dtype) -> jax.Array:
-    """``jnp.zeros(shape, dtype)``, the same equation in a trace at a third of the tracing
-    cost: these trees are built once per leaf per traced chunk update, for every leaf."""
+    """``jnp.zeros(shape, dtype)``: the same equation in a trace, at less than half the
+    tracing cost (100 against 230 us here); these trees are built for every leaf in every
+    traced chunk update."""
     return lax.broadcast_in_dim(np.zeros((), dtype), shape, ())
 
 
