@@ -3,6 +3,7 @@
 
 #include "adamw_kernel.h"
 #include "build_info.h"
+#include "host_call.h"
 #include "host_paging_api.h"
 #include "page_handlers.h"
 #include "py_engine.h"
@@ -28,6 +29,7 @@ NB_MODULE(_ffi, m) {
     nb::dict d;
     d["jaxoff_copy"] = EncapsulateHandler(h::CopyHandler);
     d["jaxoff_adamw"] = EncapsulateHandler(h::AdamWHandler);
+    d["jaxoff_host_call"] = EncapsulateHandler(h::HostCall);
     nb::dict page_in, page_out;
     page_in["instantiate"] = EncapsulateHandler(h::PageInInstantiate);
     page_in["execute"] = EncapsulateHandler(h::PageInExecute);
@@ -69,4 +71,5 @@ NB_MODULE(_ffi, m) {
     return d;
   }, "How this build was configured: CUDA module built or not (cuda_reason says why).");
   h::BindEngine(m);
+  h::BindHostCall(m);
 }

@@ -21,6 +21,8 @@ from ._ffi_calls import page_take as page_take
 from ._ffi_calls import register_file_table as register_file_table
 from ._ffi_calls import register_targets as register_targets
 from ._ffi_calls import unregister_file_table as unregister_file_table
+from ._host_call import HostCalls as HostCalls
+from ._host_call import host_call as host_call
 from ._layout import ChunkInfo as ChunkInfo
 from ._layout import EntryLayout as EntryLayout
 from ._layout import Layout as Layout
@@ -57,6 +59,8 @@ __all__ = [
     "register_file_table",
     "register_targets",
     "unregister_file_table",
+    "HostCalls",
+    "host_call",
     "ChunkInfo",
     "EntryLayout",
     "Layout",

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
-from jax.experimental import io_callback
 
 from jaxoff import _faults
 from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError, PageStoreTornError
@@ -28,6 +27,7 @@ from jaxoff.aio._ffi_calls import (
     register_file_table,
     unregister_file_table,
 )
+from jaxoff.aio._host_call import HostCalls, host_call
 from jaxoff.aio._layout import ALIGN, MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
@@ -201,6 +201,7 @@ class Pager:
         self._registration: int | None = None  # of the file table, while _ios is set
         self._lock = threading.Lock()
         self.close_hooks: list = []  # run by close(), once: what strategies opened beside
+        self.calls = HostCalls("jaxoff.paged")  # the step's host calls: cacheable names
 
     # ------------------------------------------------------------------ plan and store
 
@@ -398,12 +399,13 @@ class Pager:
         # write, so XLA cannot schedule every leaf's prologue at once (bounded buffers).
         # The first read waits for the check that the state describes the store's committed
         # version: a stale state (e.g. restored without its pages) is refused with its cause.
-        tok = new_token() + io_callback(
-            functools.partial(self._check_packed, crc_shapes(state.crcs)),
+        shapes, packed = crc_shapes(state.crcs), pack_crcs(state.crcs)
+        tok = new_token() + host_call(
+            functools.partial(self._check_packed, shapes),
             jax.ShapeDtypeStruct((), jnp.int32),
             state.version,
-            pack_crcs(state.crcs),
-            ordered=False,
+            packed,
+            name=self.calls.name("check", shapes),
         )
         split = self.engine.pool_bytes >= self.split_phase_bytes(plan)
         # Head start: the first chunks of the step (in paging order, as many as the staging
@@ -428,7 +430,7 @@ class Pager:
         # of the version before it, so every write waits for it to be durable. The gate
         # reads a gradient, so it runs once backward has produced one, by when the commit
         # is long done.
-        tok = tok + commit_gate(lambda: self.store, self.root, tok, g_leaves[0])
+        tok = tok + commit_gate(lambda: self.store, self.root, tok, g_leaves[0], calls=self.calls)
         gated = tok
         for leaf, g, p, head in zip(plan.leaves, g_leaves, p_leaves, head_tickets, strict=True):
             compute = functools.partial(
@@ -471,14 +473,15 @@ class Pager:
         # version it returns. (ordered=True would add an effect token, which jax 0.10.2
         # cannot lower next to outputs placed in host memory.)
         tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
-        version = io_callback(
-            functools.partial(self._commit_packed, crc_shapes(state.crcs), crc_shapes(new_crcs)),
+        new_shapes = crc_shapes(new_crcs)
+        version = host_call(
+            functools.partial(self._commit_packed, shapes, new_shapes),
             jax.ShapeDtypeStruct((), jnp.int32),
             state.version,
-            pack_crcs(state.crcs),
+            packed,
             pack_crcs(new_crcs),
             tuple(tokens),
-            ordered=False,
+            name=self.calls.name("commit", (shapes, new_shapes, len(tokens))),
         )
         out_tree = jax.tree.unflatten(out_def, outs)
         return out_tree, make_state(plan, self.root, version, new_crcs, new_ram)
@@ -557,10 +560,10 @@ def crc_shapes(crcs) -> tuple[tuple[int, ...], ...]:
 
 
 def pack_crcs(crcs) -> jax.Array:
-    """Every chunk checksum of a state as one operand of a host callback. ``io_callback``
-    moves its operands to the CPU device one at a time (a dispatch each), and a state holds
-    one checksum array per store entry: packed, a step's callbacks cost two dispatches
-    instead of two per entry (`unpack_crcs` splits them again)."""
+    """Every chunk checksum of a state as one operand of a host call. A state holds one
+    checksum array per store entry; a host call has one operand per array (and on a GPU,
+    ``io_callback`` moves each to the host in a dispatch of its own): packed, a step's calls
+    take two operands instead of two per entry (`unpack_crcs` splits them again)."""
     return jnp.concatenate([jnp.ravel(c).astype(jnp.uint32) for c in crcs])
 
 
@@ -584,12 +587,15 @@ def _check_chunk_bytes(chunk_bytes) -> int:
         ) from None
 
 
-def commit_gate(store_of, root, token: jax.Array, after: jax.Array) -> jax.Array:
-    """A token that follows an io_callback waiting for the background commit of the store
+def commit_gate(
+    store_of, root, token: jax.Array, after: jax.Array, *, calls: HostCalls | None = None
+) -> jax.Array:
+    """A token that follows a host call waiting for the background commit of the store
     ``store_of()`` returns (the page store at ``root``) to be durable, and raising its error
     (or one saying the store was closed); it runs after ``token`` and once ``after`` (one
     element of it) exists. Every write of a step follows it: a write must not overwrite the
-    slot of the last durable version."""
+    slot of the last durable version. ``calls``: the owner's host-call names (by default a
+    new owner's; see `jaxoff.aio.host_call`)."""
 
     def gate(token, after):
         del token, after  # only dependencies
@@ -599,13 +605,17 @@ def commit_gate(store_of, root, token: jax.Array, after: jax.Array) -> jax.Array
         store.wait_committed()
         return np.zeros((), np.int32)
 
-    return io_callback(
+    calls = calls if calls is not None else HostCalls("jaxoff.commit_gate")
+    return host_call(
         gate,
         jax.ShapeDtypeStruct((), jnp.int32),
         token,
         jnp.ravel(after)[:1],
-        ordered=False,
+        name=calls.name("gate", root),
     )
+
+
+_FAULT_CALLS = HostCalls("jaxoff.fault")
 
 
 def _write_fault_point(tok: jax.Array) -> jax.Array:
@@ -619,7 +629,9 @@ def _write_fault_point(tok: jax.Array) -> jax.Array:
         _faults.point("store.write")
         return np.zeros((), np.int32)
 
-    return io_callback(visit, jax.ShapeDtypeStruct((), jnp.int32), tok, ordered=False)
+    return host_call(
+        visit, jax.ShapeDtypeStruct((), jnp.int32), tok, name=_FAULT_CALLS.name("write")
+    )
 
 
 def stale_reason(store: PageStore, version, crcs) -> str | None:

@@ -66,12 +66,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax import lax
-from jax.experimental import io_callback
 
 from jaxoff._errors import ConfigError
 from jaxoff.aio import (
+    HostCalls,
     PageStore,
     PageStoreError,
+    host_call,
     new_token,
     page_flush,
     page_out,
@@ -139,6 +140,7 @@ class _Layout:
     table: str
     store: PageStore
     params: list[fp.ParamEntry]  # with paged parameters: per stacked block leaf; else empty
+    calls: HostCalls = dataclasses.field(default_factory=lambda: HostCalls("jaxoff.fuyou"))
 
 
 _layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -598,7 +600,7 @@ def make_fuyou_step(
         # forward pass); the first write of this step overwrites the slot of the version
         # before it, so every write follows this gate, which waits for that commit to be
         # durable (and raises its error) once the loss exists.
-        gated = commit_gate(lambda: lay.store, lay.store.root, new_token(), loss)
+        gated = commit_gate(lambda: lay.store, lay.store.root, new_token(), loss, calls=lay.calls)
         g_back, gh = back_vjp(jnp.ones((), loss.dtype))
 
         inner_ram = list(opt.ram)
@@ -788,13 +790,14 @@ def make_fuyou_step(
         new_crcs[-1] = crc.reshape(1)
         # every write of the step is durable before the commit (write-behind ones included)
         flushed = page_flush(lay.table, tok + tok_ram)
-        version = io_callback(
-            functools.partial(_commit_packed, lay, crc_shapes(new_crcs), crc_shapes(pcrcs_b)),
+        shapes = (crc_shapes(new_crcs), crc_shapes(pcrcs_b))
+        version = host_call(
+            functools.partial(_commit_packed, lay, *shapes),
             jax.ShapeDtypeStruct((), jnp.int32),
             opt.version,
             pack_crcs([*new_crcs, *pcrcs_b]),
             flushed,
-            ordered=False,
+            name=lay.calls.name("commit", shapes),
         )
         params = jax.tree.unflatten(plan.params_def, new_leaves)
         grad_norm = jnp.sqrt(jnp.sum(sq_b) + sum(sq_r))
