@@ -144,3 +144,60 @@ def test_schedule_of_a_short_run_warms_up_and_decays(steps):
     assert lrs[0] == 0.0 and all(np.isfinite(lrs))
     assert max(lrs) == pytest.approx(1e-3) if steps > 1 else lrs[1] == pytest.approx(1e-3)
     cfg.build_optimizer()  # --steps 1 used to fail: "requires positive decay_steps"
+
+
+def test_compile_cache_option_resolves_and_bad_values_are_refused(tiny_train_args, tmp_path):
+    from jaxoff._errors import ConfigError
+    from jaxoff.train._loop import use_compile_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        auto = TrainConfig(**tiny_train_args)
+        assert use_compile_cache(auto) == str((tmp_path / "run" / "compile-cache").absolute())
+        assert jax.config.jax_compilation_cache_dir == use_compile_cache(auto)
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+        assert use_compile_cache(auto) == str(tmp_path / "mine")  # auto keeps a configured one
+        none = TrainConfig(**tiny_train_args, compile_cache="none")
+        assert use_compile_cache(none) == str(tmp_path / "mine")
+        given = TrainConfig(**tiny_train_args, compile_cache=str(tmp_path / "cc"))
+        assert use_compile_cache(given) == str(tmp_path / "cc")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    with pytest.raises(ConfigError, match="--compile-cache is empty"):
+        TrainConfig(**tiny_train_args, compile_cache=" ").validate()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match="--compile-cache .*a-file is a file"):
+        TrainConfig(**tiny_train_args, compile_cache=str(tmp_path / "a-file")).validate()
+
+
+@pytest.mark.subprocess
+def test_a_resumed_run_loads_its_paged_step_from_the_run_compile_cache(tmp_path):
+    """Without JAX_COMPILATION_CACHE_DIR, `jaxoff train` keeps compiled programs in
+    <out-dir>/compile-cache; the resumed process takes its paged step from there."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env["JAX_LOG_COMPILES"] = "1"
+    run = tmp_path / "run"
+    opts = ["--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--steps", "4"]
+    opts += ["--ckpt-every", "2", "--eval-every", "0", "--store", "auto", "--no-progress"]
+    logs = []
+    for extra in (["--stop-at", "2"], ["--resume"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "jaxoff", "train", *opts, "--out-dir", str(run), *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        logs.append(out.stderr)
+    assert any(p.name.startswith("jit_train_step") for p in (run / "compile-cache").iterdir())
+    hit = "Persistent compilation cache hit for 'jit_train_step'"
+    assert hit not in logs[0] and hit in logs[1]
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s for s in steps if s] == [1, 2, 3, 4]

@@ -88,6 +88,12 @@ class TrainConfig:
             gradients, instead of after the backward pass. Needs a page store (--store),
             --clip-norm 0 (each layer is updated before the global gradient norm exists),
             one device (--fsdp 1, --placement device); each block is recomputed in backward.
+        compile_cache: JAX's persistent compilation cache for this run, so that a resumed run
+            loads its compiled step instead of compiling it again: ``auto`` keeps the cache
+            already configured
+            (``JAX_COMPILATION_CACHE_DIR``), else uses ``<out_dir>/compile-cache``; a
+            directory uses it; ``none`` leaves JAX's setting as it is. It applies from the
+            process's first compilation on (a `jaxoff train` process: always).
         page_params: with --fuyou, the stacked block parameters live in the page store too
             (ZeRO-Infinity's parameter offload): each layer's are read one layer ahead in
             forward and in backward and written by its update, so RAM holds the embeddings,
@@ -131,6 +137,7 @@ class TrainConfig:
     fsdp: int = 1
     fuyou: bool = False
     page_params: bool = False
+    compile_cache: str = "auto"
 
     def validate(self) -> TrainConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
@@ -191,6 +198,17 @@ class TrainConfig:
             raise ConfigError(f"--data {self.data}: no such file or directory")
         _check_data_options(self.data, self.tokenizer, self.token_dtype)
         _check_writable(Path(self.out_dir), "--out-dir", "choose another --out-dir")
+        if not self.compile_cache.strip():
+            raise ConfigError(
+                "--compile-cache is empty: give a directory, auto (<out-dir>/compile-cache) or "
+                "none (JAX's own setting)"
+            )
+        if self.compile_cache not in ("auto", "none"):
+            _check_writable(
+                Path(self.compile_cache).expanduser(),
+                "--compile-cache",
+                "choose another directory, auto or none",
+            )
         if self.store_dir() is not None:
             _check_writable(
                 self.store_dir(), "--store", "choose another --store directory, or --store none"
@@ -357,6 +375,7 @@ RESUMABLE_CHANGES = frozenset(
         "store",  # the paged state is restored from the checkpoint into any store directory
         "chunk_mib",
         "store_slots",
+        "compile_cache",  # where compiled programs are kept, not what they compute
     }
 )
 

@@ -70,11 +70,29 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     if model is not None:
         cfg = dataclasses.replace(cfg, model=model)
     cfg = cfg.validate()
+    use_compile_cache(cfg)
     if jax.process_index() != 0:  # process 0 holds the run's lock and prepares its directory
         cfg = dataclasses.replace(cfg, progress=False)
         return _train_locked(cfg)
     with RunLock(cfg.out_dir):  # before anything in the run directory is read or deleted
         return _train_locked(cfg)
+
+
+def use_compile_cache(cfg: TrainConfig) -> str | None:
+    """Points JAX's persistent compilation cache where ``cfg.compile_cache`` says; returns the
+    directory in use (None: none configured). JAX reads it at the process's first compile."""
+    current = jax.config.jax_compilation_cache_dir
+    if cfg.compile_cache == "none":
+        return current
+    if cfg.compile_cache == "auto":
+        if current:
+            return current
+        path = str((Path(cfg.out_dir) / "compile-cache").absolute())
+    else:
+        path = str(Path(cfg.compile_cache).expanduser().absolute())
+    if path != current:
+        jax.config.update("jax_compilation_cache_dir", path)
+    return path
 
 
 def _prepare(cfg: TrainConfig) -> int | None:
