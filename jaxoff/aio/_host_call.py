@@ -7,8 +7,10 @@ the program, and JAX never stores such a program in its persistent compilation c
 (6.6 s of a 19 s `jaxoff train` run of ``tiny``). On the CPU, `host_call` lowers instead to the
 FFI target ``jaxoff_host_call`` (``ffi/src/host_call.cc``), whose only attribute is the
 function's *name*; the function is registered under that name in this process when the step
-is traced. A new process that runs the same code (a resumed run) traces the same names, so
-the program is the same and the cache serves it.
+is traced. A new process that runs the same code (a resumed run, or the same model trained
+again) traces the same names, so the program is the same and the cache serves it. (The paging
+calls name their file table the same way: `jaxoff.optim` uses an owner's prefix as its
+table's name, not the store's path.)
 
 Names come from `HostCalls`: ``<label>#<n>/<what>/<digest of key>``, where ``n`` counts the
 owners with that label in this process (unique while the process lives, the same in a new

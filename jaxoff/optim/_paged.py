@@ -220,7 +220,10 @@ class Pager:
 
     @property
     def table(self) -> str:
-        return f"jaxoff.paged:{self.root}"
+        """The name of this optimizer's file table: unique in the process, and the same in a
+        new process that builds its optimizers in the same order, so a compiled step (which
+        names it) is the same program there, whatever the store's path."""
+        return self.calls.prefix
 
     def open_store(self, plan: Plan, *, discard_torn: bool = False) -> PageStore:
         """Opens (or creates) the store for ``plan`` and registers its files with the engine.
@@ -611,7 +614,7 @@ def commit_gate(
         jax.ShapeDtypeStruct((), jnp.int32),
         token,
         jnp.ravel(after)[:1],
-        name=calls.name("gate", root),
+        name=calls.name("gate"),
     )
 
 

@@ -140,7 +140,7 @@ class _Layout:
     table: str
     store: PageStore
     params: list[fp.ParamEntry]  # with paged parameters: per stacked block leaf; else empty
-    calls: HostCalls = dataclasses.field(default_factory=lambda: HostCalls("jaxoff.fuyou"))
+    calls: HostCalls  # the step's host calls (and the table's name)
 
 
 _layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -258,10 +258,10 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
         engine = updater.engine
         if engine.pool_bytes < need:
             engine = dataclasses.replace(engine, pool_bytes=need)
-        table = f"jaxoff.fuyou:{updater.root}"
+        calls = HostCalls("jaxoff.fuyou")  # names the table and the host calls (see Pager.table)
+        table = calls.prefix
         registration = register_file_table(table, store.file_table(), config=engine)
-        # the table holds the store's files open: released with the store (tx.close()),
-        # unless another optimizer on this root has registered it since
+        # the table holds the store's files open: released with the store (tx.close())
         updater.on_close(functools.partial(unregister_file_table, table, registration))
         per_store = [(io.file_ids, io.offsets) for io in entry_ios(store)]
         n_opt = len(store_of) - 1
@@ -293,7 +293,9 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
             )
         names = list(entries)  # the optimizer's entries, then the parameters', then RAM's
         names = names[:n_opt] + names[-1:]
-        lay = _Layout(plan, blocks, num_layers, names, store_of, fids, offs, table, store, pentries)
+        lay = _Layout(
+            plan, blocks, num_layers, names, store_of, fids, offs, table, store, pentries, calls
+        )
         _layouts[updater] = lay
         return lay
 
