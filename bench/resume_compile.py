@@ -5,9 +5,10 @@ calls as jaxoff's FFI call (named functions: the compiled step can be cached) an
 Per round and per mode, with a fresh JAX persistent compilation cache
 (``JAX_COMPILATION_CACHE_DIR``): a first process trains until it is killed after step
 ``--kill-at`` (fault point ``train.metrics``), then a second process resumes the same run
-directory to the end. Reported per process: its wall time and the XLA compile time of
-``jit(train_step)`` (from ``JAX_LOG_COMPILES``); medians over ``--rounds`` rounds, modes
-alternating.
+directory to the end, and a third process trains the same model with the same options in
+another run directory (same cache). Reported per process: its wall time and the XLA compile
+time of ``jit(train_step)`` (from ``JAX_LOG_COMPILES``); medians over ``--rounds`` rounds,
+modes alternating.
 
     python bench/resume_compile.py --rounds 3 --json bench/results/resume_compile_tiny.json
 """
@@ -62,8 +63,13 @@ def one_round(mode: str, opts: list[str], kill_at: int) -> dict:
         second = _run([*run, "--resume"], env)
         if second[2] != 0:
             raise SystemExit(f"{mode}: the resumed process failed:\n{second[3][-3000:]}")
+        other = _run(["--out-dir", f"{d}/other", *opts], env)
+        if other[2] != 0:
+            raise SystemExit(f"{mode}: the run in another directory failed:\n{other[3][-3000:]}")
         metrics = [json.loads(x) for x in Path(f"{d}/run/metrics.jsonl").read_text().splitlines()]
         losses = [m["loss"] for m in metrics if "loss" in m and "step" in m]
+        other_metrics = Path(f"{d}/other/metrics.jsonl").read_text().splitlines()
+        other_losses = [m["loss"] for m in map(json.loads, other_metrics) if "loss" in m]
         return {
             "mode": mode,
             "first_wall_s": first[0],
@@ -71,6 +77,9 @@ def one_round(mode: str, opts: list[str], kill_at: int) -> dict:
             "resume_wall_s": second[0],
             "resume_compile_s": second[1],
             "final_loss": losses[-1] if losses else None,
+            "other_dir_wall_s": other[0],
+            "other_dir_compile_s": other[1],
+            "other_dir_final_loss": other_losses[-1] if other_losses else None,
         }
 
 
@@ -108,15 +117,25 @@ def main() -> None:
         mine = [x for x in records if x["mode"] == mode]
         summary[mode] = {
             k: statistics.median(x[k] for x in mine)
-            for k in ("first_wall_s", "first_compile_s", "resume_wall_s", "resume_compile_s")
+            for k in (
+                "first_wall_s",
+                "first_compile_s",
+                "resume_wall_s",
+                "resume_compile_s",
+                "other_dir_wall_s",
+                "other_dir_compile_s",
+            )
         }
     f, c = summary["ffi"], summary["io_callback"]
     ratios = {
         "resume_compile_ffi_over_io_callback": f["resume_compile_s"] / c["resume_compile_s"],
         "resume_wall_ffi_over_io_callback": f["resume_wall_s"] / c["resume_wall_s"],
         "first_wall_ffi_over_io_callback": f["first_wall_s"] / c["first_wall_s"],
+        "other_dir_compile_ffi_over_io_callback": f["other_dir_compile_s"]
+        / c["other_dir_compile_s"],
+        "other_dir_wall_ffi_over_io_callback": f["other_dir_wall_s"] / c["other_dir_wall_s"],
     }
-    same_loss = len({x["final_loss"] for x in records}) == 1
+    same_loss = len({x[k] for x in records for k in ("final_loss", "other_dir_final_loss")}) == 1
     out = {
         "command": "python " + " ".join(sys.argv),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -186,3 +186,27 @@ def test_a_second_process_loads_the_paged_step_from_the_compilation_cache(tmp_pa
     assert "jit_step" not in runs[0]["hits"]
     assert "jit_step" in runs[1]["hits"]
     assert runs[0]["params"] == runs[1]["params"]  # the cached program computes the same
+
+
+def test_closing_right_after_the_steps_waits_for_them(tmp_path):
+    """On the CPU a paged step returns before it has run (no io_callback makes its dispatch
+    synchronous): tx.close() waits for the steps in flight, which then compute what steps that
+    were each waited for compute."""
+    import optax
+
+    from jaxoff.optim import paged, update_and_apply
+
+    params = {"w": jnp.arange(2048, dtype=jnp.float32) / 2048, "b": jnp.ones((3, 5))}
+    results = []
+    for i, wait in enumerate((True, False)):
+        tx = paged(optax.adamw(1e-2), tmp_path / f"s{i}", chunk_bytes=4096)
+        p, s = params, tx.init(params)
+        step = jax.jit(lambda p, s, tx=tx: update_and_apply(tx, jax.tree.map(jnp.sin, p), s, p))
+        for _ in range(3):
+            p, s = step(p, s)
+            if wait:
+                jax.block_until_ready(p)
+        tx.close()
+        results.append([np.asarray(x) for x in jax.tree.leaves(p)])
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -295,6 +295,10 @@ class Pager:
         return heads
 
     def close(self) -> None:
+        # A step returns before it has run (JAX dispatches programs asynchronously, and on the
+        # CPU the paged step has no io_callback to make it synchronous): its page and host
+        # calls must find the store and the file table open.
+        wait_for_steps()
         if self.store is not None:
             self.store.close()
         if self._ios is not None:
@@ -555,6 +559,18 @@ class Pager:
             background=True,  # durable behind the next step (see commit_gate)
         )
         return np.asarray(new, np.int32)
+
+
+def wait_for_steps() -> None:
+    """Waits until every computation in flight in this process has run: it blocks on every
+    live JAX array (an array the user holds is an output of the step that computes it). A
+    failed step's error stays that step's: here it is ignored."""
+    for x in jax.live_arrays():
+        if not x.is_deleted():
+            try:
+                x.block_until_ready()
+            except Exception:  # noqa: BLE001, S110 - reported where the step's outputs are used
+                pass
 
 
 def crc_shapes(crcs) -> tuple[tuple[int, ...], ...]:
