@@ -45,8 +45,7 @@ def test_operands_arrive_as_numpy_copies_with_their_tree_and_dtypes():
     assert isinstance(seen["pair"], tuple) and seen["pair"][0].dtype == np.uint32
     assert seen["pair"][0].shape == (2, 3) and seen["flags"].dtype == np.bool_
     assert seen["half"].dtype == jnp.bfloat16 and seen["half"].tolist() == [1.5, 2.5]
-    # copies: the function may keep them after XLA reuses its buffers
-    assert seen["pair"][0].flags.owndata or seen["pair"][0].base is not None
+    # copies: the function may keep (and change) them after XLA reuses its buffers
     seen["pair"][0][0, 0] = 99
     assert int(f(a, jnp.int32(7), flags, half)) == 15 + 7 * 2 + 4
 
