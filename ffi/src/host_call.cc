@@ -105,10 +105,8 @@ void BindHostCall(nb::module_& m) {
   m.def(
       "set_host_call_dispatch",
       [](nb::object fn) {
-        PyObject* old = g_dispatch;
+        // A previous function is leaked, not released: it may still be running in a thread.
         g_dispatch = fn.inc_ref().ptr();
-        // The old one may still be running in another thread: it is leaked, not released.
-        (void)old;
       },
       "Sets the Python function every jaxoff_host_call calls: fn(name, operands, results), "
       "each a list of (memoryview, dtype name, shape); it returns None or an error message.");

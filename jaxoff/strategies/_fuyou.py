@@ -137,10 +137,14 @@ class _Layout:
     store_of: list[tuple[int, int]]  # per store entry: (crcs index, layer or -1)
     fids: list[np.ndarray]  # per plan entry: int32 [L, 2, n] (block) or [2, n]
     offs: list[np.ndarray]  # per plan entry: uint32 [L, n, 2] (block) or [n, 2]
-    table: str
     store: PageStore
     params: list[fp.ParamEntry]  # with paged parameters: per stacked block leaf; else empty
     calls: HostCalls  # the step's host calls (and the table's name)
+
+    @property
+    def table(self) -> str:
+        """The file table's name: the host calls' owner prefix (see ``Pager.table``)."""
+        return self.calls.prefix
 
 
 _layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -293,9 +297,7 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
             )
         names = list(entries)  # the optimizer's entries, then the parameters', then RAM's
         names = names[:n_opt] + names[-1:]
-        lay = _Layout(
-            plan, blocks, num_layers, names, store_of, fids, offs, table, store, pentries, calls
-        )
+        lay = _Layout(plan, blocks, num_layers, names, store_of, fids, offs, store, pentries, calls)
         _layouts[updater] = lay
         return lay
 

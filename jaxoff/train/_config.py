@@ -90,10 +90,10 @@ class TrainConfig:
             one device (--fsdp 1, --placement device); each block is recomputed in backward.
         compile_cache: JAX's persistent compilation cache for this run, so that a resumed run
             loads its compiled step instead of compiling it again: ``auto`` keeps the cache
-            already configured
-            (``JAX_COMPILATION_CACHE_DIR``), else uses ``<out_dir>/compile-cache``; a
-            directory uses it; ``none`` leaves JAX's setting as it is. It applies from the
-            process's first compilation on (a `jaxoff train` process: always).
+            already configured (``JAX_COMPILATION_CACHE_DIR``), else uses
+            ``<out_dir>/compile-cache``; a directory uses it; ``none`` leaves JAX's setting as
+            it is. It applies from the process's first compilation on (a `jaxoff train`
+            process: always).
         page_params: with --fuyou, the stacked block parameters live in the page store too
             (ZeRO-Infinity's parameter offload): each layer's are read one layer ahead in
             forward and in backward and written by its update, so RAM holds the embeddings,
