@@ -135,3 +135,33 @@ def test_close_raises_a_failed_background_commit_and_releases_the_store(tmp_path
     assert store.closed
     with PageStore.open(root) as again:  # not left locked
         assert again.version == 1
+
+
+def test_close_from_another_thread_waits_for_a_commit_being_decided(tmp_path, monkeypatch):
+    """A paged step commits from JAX's thread while the caller may close the store: the close
+    waits for the commit (and its background thread), never joins a thread not yet started,
+    and the new version is durable afterwards."""
+    root = tmp_path / "s"
+    d1 = _data(1)
+    store = PageStore.create(root, ENTRIES, chunk_bytes=KB4)
+    _write(store, d1)
+    deciding = threading.Event()
+    real = PageStore._commit
+
+    def slow_commit(self, crcs, background=False):
+        deciding.set()
+        time.sleep(0.3)  # the close below arrives while the version is being decided
+        return real(self, crcs, background)
+
+    monkeypatch.setattr(PageStore, "_commit", slow_commit)
+    versions = []
+    committer = threading.Thread(target=lambda: versions.append(store.commit(background=True)))
+    committer.start()
+    assert deciding.wait(10)
+    store.close()
+    committer.join()
+    assert versions == [1] and store.closed
+    assert _on_disk_version(root) == 1
+    with PageStore.open(root) as again:
+        for n, a in d1.items():
+            assert np.array_equal(again.read(n), a)

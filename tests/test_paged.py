@@ -424,7 +424,7 @@ def test_an_optimizer_closed_late_leaves_the_table_of_the_one_on_its_store_now(t
     opens the same store and registers its file table under the same name; the first one's
     late close() must not drop the second one's table mid-training."""
     tx1 = paged(OPTIMIZERS["adamw"](), tmp_path / "s", chunk_bytes=4096)
-    run(tx1, mlp_params(), 1)
+    jax.block_until_ready(run(tx1, mlp_params(), 1)[:2])  # the step runs asynchronously
     tx1.pager.store.close()
     tx2 = paged(OPTIMIZERS["adamw"](), tmp_path / "s", chunk_bytes=4096)
     params2, state2, _ = run(tx2, mlp_params(), 2)

@@ -82,7 +82,7 @@ class PageStore:
         where JAX wraps it: see `jaxoff.aio.store_error_from`)."""
         self._finishing: threading.Thread | None = None  # a background commit's thread
         self._finish_error: tuple | None = None  # (error, version, crcs) it failed with
-        self._finish_lock = threading.Lock()
+        self._finish_lock = threading.RLock()  # commit() and close() from two threads
 
     # ----------------------------------------------------------------- construction
 
@@ -368,8 +368,9 @@ class PageStore:
             space for the manifest (the previous version stays current).
         """
         try:
-            self.wait_committed()
-            return self._commit(crcs, background)
+            with self._finish_lock:  # a close() or commit() in another thread waits for this one
+                self.wait_committed()
+                return self._commit(crcs, background)
         except PageStoreError as e:
             self.last_error = _error_from.record(e)
             raise
@@ -487,12 +488,13 @@ class PageStore:
         A single-slot store keeps its ``IN_PLACE_OPEN`` mark when writes of this process were
         not committed (the committed version was partly overwritten): the next open checks it.
         """
-        try:
-            self.wait_committed()  # raised after the lock is released (nothing is lost)
-        except PageStoreError:
-            self._release(torn=True)  # a single-slot store was overwritten, not committed
-            raise
-        self._release()
+        with self._finish_lock:  # not under a commit running in another thread
+            try:
+                self.wait_committed()  # raised after the lock is released (nothing is lost)
+            except PageStoreError:
+                self._release(torn=True)  # a single-slot store was overwritten, not committed
+                raise
+            self._release()
 
     def _release(self, torn: bool = False) -> None:
         if not self.closed and self._layout.slots == 1 and not torn:
