@@ -6,9 +6,9 @@ The planner prices a plan with the compiled program (:class:`jaxoff.plan._price.
 their device temporaries extrapolated linearly to the model's depth. Each case here
 profiles its own shape (as ``jaxoff plan`` does), prices one plan, then compiles the
 full-depth (16-layer) step and compares: what is tested is that the extrapolation in
-depth holds for every preset and MILP plan at long sequences, where the s^2 attention
-scores outweigh the [b, s, d] tensors and the linear cost model errs by up to 21%. The
-two depths were chosen on the probes of ``bench/plan_probe.py``'s two shapes (a GPT of
+depth holds for every preset and MILP plan (each on both shapes and in both dtypes) at
+long sequences, where the s^2 attention scores outweigh the [b, s, d] tensors and the
+linear cost model errs by up to 21%. The two depths were chosen on the probes of ``bench/plan_probe.py``'s two shapes (a GPT of
 width 48 at batch 3 x seq 149, a Llama of width 64 at batch 2 x seq 203); these shapes,
 widths and head counts were not used.
 """
@@ -64,17 +64,32 @@ def _plan(prof, cfg, name: str) -> Plan:
     return Plan.from_actions(prof, {n: a.value for n, a in pol.actions})
 
 
+def _plans(shape: str, dtype: str) -> tuple[str, ...]:
+    """Half the plans per dtype, the other half in the other dtype (the other way round on the
+    other shape): every plan is checked on every shape and in both dtypes, and each case
+    compiles the full-depth step half as often (they are the suite's slowest compiles)."""
+    parity = (list(SHAPES).index(shape) + DTYPES.index(dtype)) % 2
+    return PLANS[parity::2]
+
+
+def test_the_cases_cover_every_plan_on_every_shape_and_dtype():
+    for shape in SHAPES:
+        assert sorted(p for d in DTYPES for p in _plans(shape, d)) == sorted(PLANS)
+    for dtype in DTYPES:
+        assert sorted(p for s in SHAPES for p in _plans(s, dtype)) == sorted(PLANS)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_priced_temp_within_5_percent_at_full_depth_on_heldout_shapes(shape, dtype):
     cfg, prof, pricer = _profile(shape, dtype)
     errors = {}
-    for name in PLANS:
+    for name in _plans(shape, dtype):
         plan = _plan(prof, cfg, name)
         predicted = pricer.price(HW, plan, cpu_lowering=True).device_temp_bytes
         measured = measured_temp_bytes(prof, cfg, dict(plan.actions))
         errors[name] = predicted / measured - 1
-    assert pricer.compiles == 2 * len({_plan(prof, cfg, n) for n in PLANS})  # shallow only
+    assert pricer.compiles == 2 * len({_plan(prof, cfg, n) for n in _plans(shape, dtype)})
     worst = max(errors, key=lambda n: abs(errors[n]))
     assert abs(errors[worst]) <= 0.05, {n: f"{e:+.2%}" for n, e in errors.items()}
 
