@@ -3,11 +3,14 @@
 A model of ``L`` unstacked layers (6 leaves each: two 64 x 64 matrices, four vectors) is paged
 with AdamW (4 KiB chunks); each size runs in a child process of its own, with and without the
 element-wise probe, and reports ``tx.init`` (the probe, the chunk inits, the first store
-write), the jitted step's trace and lowering, and XLA's compile. Each chunk update is traced on
-a tree as wide as the parameters, once per leaf, so tracing grows with the square of the leaf
-count: a model stacked with ``jaxoff.nn.with_stack`` has a few dozen leaves at any depth.
+write), the jitted step's trace and lowering, and XLA's compile, with each size's ratio to the
+first (the leaf count's ratio is linear growth). Each chunk update is traced once per leaf and
+chunk shape on a tree that holds that leaf alone (the other leaves are ``optax.MaskedNode``).
 
-    python bench/trace_scaling.py --layers 4,8,16 --json bench/results/trace_scaling.json
+    python bench/trace_scaling.py --layers 4,8,16,32 --json bench/results/trace_scaling.json
+
+``--label`` names the code measured in the JSON (e.g. a commit, to compare two versions run
+one after the other on the same machine).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="4,8,16", help="comma-separated layer counts")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--label", default=None, help="names the code measured, in the JSON")
     ap.add_argument("--child", nargs=2, metavar=("LAYERS", "PROBE"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -102,6 +106,8 @@ def main(argv=None) -> None:
         )
     if a.json:
         doc = {"command": "python bench/trace_scaling.py " + " ".join(sys.argv[1:]), "runs": recs}
+        if a.label:
+            doc["label"] = a.label
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {a.json}")

@@ -37,6 +37,8 @@ def _groups(p):
 
 SETUPS = {
     "adamw-mask": lambda: optax.adamw(1e-2, weight_decay=0.3, mask=_rank_mask),
+    # a mask given as a tree (a prefix of the parameters), not a callable
+    "adamw-mask-tree": lambda: optax.adamw(1e-2, weight_decay=0.3, mask=_rank_mask(mlp_params())),
     "adamw-schedule": lambda: optax.adamw(LR, b1=0.9, b2=0.95, weight_decay=0.1),
     "adamw-exp-decay": lambda: optax.adamw(optax.exponential_decay(1e-2, 3, 0.5)),
     "inject-hyperparams-adamw": lambda: optax.inject_hyperparams(optax.adamw)(
@@ -92,6 +94,8 @@ def test_setup_matches_optax(tmp_path, name, dtype):
     inner = make()
     if name == "clip-then-adamw":  # the global op runs on the gradients in RAM
         clip, inner = optax.clip_by_global_norm(0.5), optax.adamw(LR)
+    if name == "adamw-mask-tree":  # the reference's trees hold one leaf: the same mask, called
+        inner = SETUPS["adamw-mask"]()
     if isinstance(inner, optax.MultiSteps):
         inner = inner.gradient_transformation()
     tx = paged(make(), tmp_path / "s", chunk_bytes=4096)
@@ -151,6 +155,35 @@ def test_refusal_names_the_cause(tmp_path, make, cause):
 
 def _groups_ab(p):
     return jax.tree.map(lambda x: "a" if x.ndim > 1 else "b", p)
+
+
+def _rank_mask_reading_values(p):
+    """A mask that reads every value itself, not through jax.tree.map."""
+    return {
+        k: {n: v.ndim > 1 for n, v in sub.items()} if isinstance(sub, dict) else sub.ndim > 1
+        for k, sub in p.items()
+    }
+
+
+def test_a_mask_reading_every_leaf_falls_back_to_wide_trees_and_says_so(tmp_path, caplog):
+    """A chunk update normally traces its leaf alone (others optax.MaskedNode); a mask that
+    reads the other leaves' values cannot take that tree: the optimizer falls back to trees as
+    wide as the parameters, logs why and how to avoid it, and stays bitwise optax run leaf by
+    leaf."""
+    make = lambda: optax.adamw(1e-2, weight_decay=0.3, mask=_rank_mask_reading_values)  # noqa: E731
+    tx = paged(make(), tmp_path / "s", chunk_bytes=4096)
+    with caplog.at_level("WARNING", logger="jaxoff.optim"):
+        got, _, _ = run(tx, mlp_params(), 3, fused=True)
+    assert not tx.pager.plan(mlp_params()).one_leaf
+    warned = [r.getMessage() for r in caplog.records if "one parameter leaf" in r.getMessage()]
+    assert warned and "AttributeError" in warned[0] and "jax.tree.map" in warned[0]
+    want, _, _ = run_reference(SETUPS["adamw-mask"](), mlp_params(), 3)
+    assert_trees_equal(got, want)
+    tx.close()
+    # the usual mask keeps one leaf per trace
+    tx = paged(SETUPS["adamw-mask"](), tmp_path / "t", chunk_bytes=4096)
+    assert tx.pager.plan(mlp_params()).one_leaf
+    tx.close()
 
 
 def test_large_ram_state_names_chunk_bytes(tmp_path):

@@ -176,6 +176,34 @@ def test_bitwise_equal_to_optax(tmp_path, name, clip, chunk_bytes):
     tx2.close()
 
 
+def test_a_chunk_update_traces_its_own_leaf_only(tmp_path):
+    """Each chunk update calls the inner transformation on a tree holding its leaf alone (the
+    others are ``optax.MaskedNode()``): tracing a model of N leaves costs N leaf updates, not
+    N squared (a tree of one-element arrays traced every leaf for every leaf), and the
+    result is still optax run leaf by leaf."""
+    base = optax.adamw(1e-2, weight_decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))
+    seen = []
+
+    def update(updates, state, params=None, **extra):
+        seen.append(len(jax.tree.leaves(updates)))
+        return base.update(updates, state, params, **extra)
+
+    inner = optax.GradientTransformationExtraArgs(base.init, update)
+    tx = paged(inner, tmp_path / "s", chunk_bytes=4096, probe=False)
+    params = mlp_params()
+    n = len(jax.tree.leaves(params))
+    step = make_step(tx, fused=True)
+    state = tx.init(params)
+    seen.clear()
+    got, _ = step(params, state, *batch(0))
+    # one call per leaf and chunk shape on that leaf alone; one on empty leaves for the
+    # step-count scalars (every leaf, no arithmetic)
+    assert seen.count(1) >= n and len(seen) - seen.count(1) <= 1, seen
+    want, _, _ = run_reference(base, mlp_params(), 1)
+    assert_trees_equal(got, want)
+    tx.close()
+
+
 def test_whole_tree_optax_is_not_bitwise_stable():
     """Why the reference updates leaf by leaf: plain optax itself is not bitwise stable."""
     inner = optax.adamw(3e-2, weight_decay=0.1)

@@ -74,9 +74,6 @@ class LeafPlan:
     def empty_shape(self) -> tuple[int, ...]:
         return (0,) * len(self.shape)
 
-    def one_shape(self) -> tuple[int, ...]:
-        return (1,) * len(self.shape)
-
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -91,6 +88,9 @@ class Plan:
     pre_def: Any  # treedef of the state of the global ops run before the pipeline
     ram_avals: tuple[jax.ShapeDtypeStruct, ...]  # pre-state leaves, then inner RAM leaves
     num_pre: int
+    # chunk updates see leaf j alone (other leaves optax.MaskedNode); False where the inner
+    # transformation cannot take such trees (see `_chunk.one_leaf_plan`)
+    one_leaf: bool = True
 
     @property
     def ram_nbytes(self) -> int:
@@ -290,4 +290,6 @@ def make_plan(
             "per-parameter tensors in a container that is not shaped like the parameters, "
             "keep this optimizer in RAM (plain optax): it is not element-wise"
         )
-    return plan
+    from jaxoff.optim._chunk import one_leaf_plan  # _chunk imports this module
+
+    return one_leaf_plan(plan, inner, master_dtype)
