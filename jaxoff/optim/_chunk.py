@@ -37,7 +37,7 @@ def _tree_with(plan: Plan, j: int, x: Any, dtypes) -> Any:
     # Other leaves are one-element arrays rather than empty ones: XLA deletes arithmetic on
     # empty arrays, and then simplifies the step-count scalars (bias corrections) differently
     # than in a plain optax update of a many-leaf tree, changing the last bit of the result.
-    shape = (lambda leaf: leaf.empty_shape()) if j < 0 else (lambda leaf: (1,) * len(leaf.shape))
+    shape = (lambda leaf: leaf.empty_shape()) if j < 0 else (lambda leaf: leaf.one_shape())
     leaves = [
         optax.MaskedNode() if dtypes[i] is None else x if i == j else _zeros(shape(leaf), dtypes[i])
         for i, leaf in enumerate(plan.leaves)

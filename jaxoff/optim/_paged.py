@@ -209,8 +209,12 @@ class Pager:
         leaves, treedef = jax.tree.flatten(params)
         key = (treedef, tuple((np.shape(x), np.dtype(x.dtype)) for x in leaves), parts)
         if key not in self._plans:
-            self._plans[key] = make_plan(
-                self.pre, self.inner, params, self.chunk_bytes, self.master_dtype, parts=parts
+            self._plans[key] = _chunk.one_leaf_plan(
+                make_plan(
+                    self.pre, self.inner, params, self.chunk_bytes, self.master_dtype, parts=parts
+                ),
+                self.inner,
+                self.master_dtype,
             )
         plan = self._plans[key]
         if self._probe and key not in self._probed:

@@ -74,6 +74,9 @@ class LeafPlan:
     def empty_shape(self) -> tuple[int, ...]:
         return (0,) * len(self.shape)
 
+    def one_shape(self) -> tuple[int, ...]:
+        return (1,) * len(self.shape)
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -290,6 +293,4 @@ def make_plan(
             "per-parameter tensors in a container that is not shaped like the parameters, "
             "keep this optimizer in RAM (plain optax): it is not element-wise"
         )
-    from jaxoff.optim._chunk import one_leaf_plan  # _chunk imports this module
-
-    return one_leaf_plan(plan, inner, master_dtype)
+    return plan

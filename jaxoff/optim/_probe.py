@@ -9,6 +9,8 @@ a leaf or over all leaves, or that depends on positions, gives different results
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +39,7 @@ def probe_elementwise(inner: optax.GradientTransformation, plan: Plan, master_dt
     tree = jax.tree.unflatten(plan.params_def, params)
     # 3-element chunks; the RAM state is not written to a store here
     small = make_plan(None, inner, tree, 4 * 3, master_dtype, check_ram=False)
+    small = dataclasses.replace(small, one_leaf=plan.one_leaf)  # the trees the step traces
     labels = []
 
     def run(p, g):
