@@ -4,7 +4,7 @@ Same model (default ``mini``, nothing_saveable), same AdamW, same batch, measure
 with the variants interleaved (``--rounds`` rounds of ``--steps`` steps each, after warm-up;
 medians over all steps):
 
-* **compute-only**: the same step with the optimizer state in RAM (plain optax);
+* **compute-only**: the same step with the optimizer state in RAM (no paging);
 * **sequential paged**: ``jaxoff.paged``, the whole update after backward;
 * **sequential_sync_commit**: the same, with each step's store commit (fsync of the slot,
   manifest) inside the step, as before commits ran behind the next step (``--sync-commit``;
@@ -34,6 +34,9 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
   blocked on them (takes, prefetches, write-behind writes waiting for staging, the commit's
   flush), the same split ``jaxoff train`` prints as ``io_hidden``.
 
+``--optimizer`` picks the AdamW of every variant: ``adamw`` (optax's) or ``fused``
+(`jaxoff.optim.fused_adamw`, one C++ pass per chunk).
+
     python bench/fuyou.py --model mini --batch 4 --seq 128 --json bench/results/fuyou_mini.json
 """
 
@@ -56,11 +59,12 @@ from paged_step import replay_io
 from jaxoff.aio import PageStore, file_table_stats
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
-from jaxoff.optim import paged
+from jaxoff.optim import fused_adamw, paged
 from jaxoff.step import TrainState, make_train_step
 from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, make_fuyou_step
 
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
+OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}
 WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
 
 
@@ -80,6 +84,12 @@ def main():
     ap.add_argument("--io-reps", type=int, default=3)
     ap.add_argument("--json", default=None)
     ap.add_argument("--sync-commit", action="store_true", help="add sequential_sync_commit")
+    ap.add_argument(
+        "--optimizer",
+        choices=sorted(OPTIMIZERS),
+        default="adamw",
+        help="the AdamW of every variant: optax's or jaxoff's fused kernel (fused_adamw)",
+    )
     a = ap.parse_args()
     variants = VARIANTS + (("sequential_sync_commit",) if a.sync_commit else ())
     cfg = with_stack(CONFIGS[a.model], policy="nothing_saveable")
@@ -91,10 +101,11 @@ def main():
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         table = None
         if name == "compute_only":
-            tx = optax.adamw(1e-4)
+            tx = OPTIMIZERS[a.optimizer]()
             opt, fn = tx.init(params), make_train_step(graphdef, tx)
         else:
-            tx = paged(optax.adamw(1e-4), f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
+            inner = OPTIMIZERS[a.optimizer]()
+            tx = paged(inner, f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
             txs.append(tx)
             if name == "fuyou":
                 opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)

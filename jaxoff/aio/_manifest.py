@@ -56,20 +56,30 @@ def content_crc(doc: dict[str, Any]) -> int:
 
 
 def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
-    entries = {}
-    for e in layout.entries:
-        files = {s: [layout.relpath(e.name, s, k) for k in range(len(e.file_sizes))] for s in SLOTS}
-        entries[e.name] = {
-            "shape": list(e.shape),
-            "dtype": e.dtype.name,
-            "nbytes": e.nbytes,
-            # One directory: a plain relpath. Striped: one path per directory used; chunk i
-            # lives in file[slot][i % len(file[slot])].
-            "file": {s: f[0] if len(layout.dirs) == 1 else f for s, f in files.items()},
-            "chunks": [_chunk_json(c) for c in e.chunks],
-            "crc": {s: list(crcs[s][e.name]) for s in SLOTS},
-        }
-    doc = {
+    """The manifest document of ``version`` (its checksum included). Its entries share the
+    layout's parts that never change (shapes, files, chunk tables) with every other document
+    of the layout: read it, do not modify it."""
+    doc = _document(layout, version, crcs)
+    doc[CHECKSUM_KEY] = content_crc(doc)
+    return doc
+
+
+def encode(layout: Layout, version: int, crcs: Crcs) -> bytes:
+    """``to_json`` as the bytes written: the canonical JSON (sorted keys, no spaces) the
+    checksum covers, with the checksum appended as its last key (a commit of a store of a few
+    hundred entries encodes its manifest once, not twice)."""
+    text = json.dumps(_document(layout, version, crcs), sort_keys=True, separators=(",", ":"))
+    crc = crc32c.crc32c(text.encode())
+    return f'{text[:-1]},"{CHECKSUM_KEY}":{crc}}}'.encode()
+
+
+def _document(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
+    static = _static_entries(layout)
+    entries = {
+        e.name: {**static[e.name], "crc": {s: list(crcs[s][e.name]) for s in SLOTS}}
+        for e in layout.entries
+    }
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "version": version,
@@ -79,8 +89,29 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
         "dirs": list(layout.dirs),
         "slots": layout.slots,
     }
-    doc[CHECKSUM_KEY] = content_crc(doc)
-    return doc
+
+
+def _static_entries(layout: Layout) -> dict[str, dict[str, Any]]:
+    """Per entry, the manifest fields that the layout fixes, built once per layout (cached on
+    the frozen instance, as derived data)."""
+    cache = layout.__dict__.get("_manifest_static")
+    if cache is None:
+        cache = {}
+        for e in layout.entries:
+            files = {
+                s: [layout.relpath(e.name, s, k) for k in range(len(e.file_sizes))] for s in SLOTS
+            }
+            cache[e.name] = {
+                "shape": list(e.shape),
+                "dtype": e.dtype.name,
+                "nbytes": e.nbytes,
+                # One directory: a plain relpath. Striped: one path per directory used; chunk
+                # i lives in file[slot][i % len(file[slot])].
+                "file": {s: f[0] if len(layout.dirs) == 1 else f for s, f in files.items()},
+                "chunks": [_chunk_json(c) for c in e.chunks],
+            }
+        object.__setattr__(layout, "_manifest_static", cache)
+    return cache
 
 
 def _chunk_json(c: ChunkInfo) -> dict[str, int]:
@@ -232,7 +263,7 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
 def write(root: str, layout: Layout, version: int, crcs: Crcs) -> None:
     """Atomically replaces ``<root>/manifest.json``: write temp, fsync, rename, fsync dir."""
     # compact: the C encoder (an indented dump runs the pure-Python one, ~5x slower)
-    data = json.dumps(to_json(layout, version, crcs), separators=(",", ":")).encode()
+    data = encode(layout, version, crcs)
     tmp = os.path.join(root, MANIFEST_TMP)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)

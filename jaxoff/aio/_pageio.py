@@ -7,7 +7,9 @@ For now they are plain ``os.pread`` / ``os.pwrite``.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import os
 
 import numpy as np
@@ -88,6 +90,52 @@ def _io_read(path: str, offset: int, nbytes: int, out: np.ndarray | None = None)
     finally:
         os.close(fd)
     return out
+
+
+@functools.cache
+def _syncfs():
+    """libc's ``syncfs``, or None where it cannot be trusted with a commit: not Linux, no such
+    symbol, or a kernel before 5.8 (whose syncfs does not report writeback errors)."""
+    try:
+        release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+        if os.uname().sysname != "Linux" or release < (5, 8):
+            return None
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError, ValueError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def sync_filesystems(paths) -> bool:
+    """Makes every file of ``paths`` durable with one ``syncfs(2)`` per filesystem holding them;
+    False (nothing done) where syncfs is unavailable (see `_syncfs`): fsync each file instead.
+
+    One call flushes the data, the metadata and the device's cache for all the files at once:
+    a commit of a store of a few hundred page files takes a few milliseconds instead of one
+    journal flush per file (0.1-0.3 ms each). A writeback error on the filesystem not yet seen
+    through another descriptor is reported (Linux >= 5.8), as a fresh ``fsync`` of the file
+    would report it; so is one of another file on the same filesystem, which then fails the
+    commit too (the previous version stays current).
+
+    Raises:
+      OSError: of the syncfs that failed.
+    """
+    fn = _syncfs()
+    if fn is None:
+        return False
+    devices: dict[int, str] = {}
+    for folder in {os.path.dirname(os.path.abspath(p)) for p in paths}:
+        devices.setdefault(os.stat(folder).st_dev, folder)
+    for folder in devices.values():
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if fn(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"syncfs of the filesystem of {folder}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+    return True
 
 
 def fsync_file(path: str) -> None:

@@ -8,7 +8,13 @@ import numpy as np
 
 from jaxoff.aio._layout import SLOTS, Layout, check_slot
 from jaxoff.aio._manifest import Crcs
-from jaxoff.aio._pageio import allocate_file, file_size, fsync_dir, fsync_file
+from jaxoff.aio._pageio import (
+    allocate_file,
+    file_size,
+    fsync_dir,
+    fsync_file,
+    sync_filesystems,
+)
 from jaxoff.aio._store_errors import RESTORE_HINT, PageStoreCorruptError, PageStoreError
 
 TABLE_KEYS = (
@@ -111,15 +117,25 @@ class FileTable:
             allocate_file(path, want)
 
     def fsync_slot(self, slot: str) -> None:
-        for (_, s, _), fid in self.ids.items():
-            if s == slot:
-                try:
-                    fsync_file(self.paths[fid])
-                except OSError as e:
-                    raise PageStoreError(
-                        f"fsync of page file {self.paths[fid]} failed: {e}; the previous "
-                        "version is still current"
-                    ) from e
+        """Makes the slot's page files durable: one syncfs per filesystem where it is trusted
+        (`jaxoff.aio._pageio.sync_filesystems`), else an fsync of each file."""
+        paths = [self.paths[fid] for (_, s, _), fid in self.ids.items() if s == slot]
+        try:
+            if sync_filesystems(paths):
+                return
+        except OSError as e:
+            raise PageStoreError(
+                f"making the page files of {os.path.dirname(paths[0])} durable failed: {e}; "
+                "the previous version is still current"
+            ) from e
+        for path in paths:
+            try:
+                fsync_file(path)
+            except OSError as e:
+                raise PageStoreError(
+                    f"fsync of page file {path} failed: {e}; the previous version is still "
+                    "current"
+                ) from e
 
     def remove_stale(self, root: str, old: Layout) -> None:
         """Deletes the files of an old layout that this one does not use.
