@@ -10,6 +10,8 @@ medians over all steps):
   manifest) inside the step, as before commits ran behind the next step (``--sync-commit``;
   prints sequential / sequential_sync_commit);
 * **fuyou**: layer j + 1's paged update inside the backward scan step of layer j;
+* **fuyou_fsync_each**: fuyou with each commit fsyncing every page file of the slot instead
+  of one ``syncfs`` of the filesystem (``--fsync-each``; prints fuyou / fuyou_fsync_each);
 * **fuyou_nvme**: fuyou with the block parameters in the page store too
   (``page_params=True``: read a layer ahead in forward and backward, written by the update);
 * **pure I/O**: fuyou's store read from its committed slot and written to the other one,
@@ -57,6 +59,7 @@ from flax import nnx
 from paged_step import replay_io
 
 from jaxoff.aio import PageStore, file_table_stats
+from jaxoff.aio._pageio import fsync_file
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import fused_adamw, paged
@@ -66,6 +69,13 @@ from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, ma
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}
 WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
+
+
+def _fsync_each(files, slot):
+    """The slot made durable by an fsync of each page file (the path without syncfs)."""
+    for (_, s, _), fid in files.ids.items():
+        if s == slot:
+            fsync_file(files.paths[fid])
 
 
 def _sync_commit(store, crcs=None, background=False):
@@ -85,6 +95,12 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--sync-commit", action="store_true", help="add sequential_sync_commit")
     ap.add_argument(
+        "--fsync-each",
+        action="store_true",
+        help="add fuyou_fsync_each: fuyou with its commits fsyncing each page file instead "
+        "of one syncfs",
+    )
+    ap.add_argument(
         "--optimizer",
         choices=sorted(OPTIMIZERS),
         default="adamw",
@@ -92,6 +108,7 @@ def main():
     )
     a = ap.parse_args()
     variants = VARIANTS + (("sequential_sync_commit",) if a.sync_commit else ())
+    variants += ("fuyou_fsync_each",) if a.fsync_each else ()
     cfg = with_stack(CONFIGS[a.model], policy="nothing_saveable")
     x = jax.random.randint(jax.random.key(0), (a.batch, a.seq + 1), 0, 256)
     inputs, targets = x[:, :-1], x[:, 1:]
@@ -107,8 +124,11 @@ def main():
             inner = OPTIMIZERS[a.optimizer]()
             tx = paged(inner, f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
             txs.append(tx)
-            if name == "fuyou":
+            if name in ("fuyou", "fuyou_fsync_each"):
                 opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)
+                if name == "fuyou_fsync_each":
+                    files = tx.pager.store._files
+                    files.fsync_slot = functools.partial(_fsync_each, files)
             elif name == "fuyou_nvme":
                 opt = fuyou_init(cfg, tx, params, page_params=True)
                 fn = make_fuyou_step(graphdef, cfg, tx, page_params=True)
@@ -200,6 +220,9 @@ def main():
     )
     print(f"{'CPU bound':>13}: {cpu_bound * 1e3:.1f} ms ({cores} cores)")
     print(f"fuyou / sequential            = {f / s:.3f}")
+    if a.fsync_each:
+        summary["fuyou_over_fsync_each"] = f / med["fuyou_fsync_each"]
+        print(f"fuyou / fuyou fsync each file = {summary['fuyou_over_fsync_each']:.3f}")
     if a.sync_commit:
         summary["sequential_over_sync_commit"] = s / med["sequential_sync_commit"]
         print(f"sequential / sync commit      = {summary['sequential_over_sync_commit']:.3f}")
