@@ -1,6 +1,7 @@
 """How a PageStore commit makes a slot durable: one syncfs per filesystem, or an fsync of each
 page file where syncfs cannot be trusted; a failure of either fails the commit, which leaves
-the previous version current. And the manifest a commit writes: encoded once, verified."""
+the previous version current. And the manifest a commit writes: read back verified, its
+entries in the layout's order."""
 
 from __future__ import annotations
 
@@ -117,8 +118,9 @@ def test_this_machine_commits_through_syncfs(tmp_path, monkeypatch):
     assert fsyncs.calls == []
 
 
-def test_the_manifest_is_encoded_once_and_reads_back_verified(tmp_path):
-    with PageStore.create(tmp_path / "s", ENTRIES, chunk_bytes=KB4) as store:
+def test_the_manifest_reads_back_verified_with_the_entries_in_their_order(tmp_path):
+    entries = {name: ((3, 700), "float32") for name in ORDER}
+    with PageStore.create(tmp_path / "s", entries, chunk_bytes=KB4) as store:
         for v in (1.0, 2.0, 3.0):
             _fill(store, v)
             store.commit()
@@ -135,5 +137,10 @@ def test_the_manifest_is_encoded_once_and_reads_back_verified(tmp_path):
         # versions differ only in their version and crcs
         older = json.loads(_manifest.encode(layout, 2, crcs))
         assert older["version"] == 2 and older["entries"] == doc["entries"]
-    _, read_version, read_crcs = _manifest.read(str(tmp_path / "s"))
+    read_layout, read_version, read_crcs = _manifest.read(str(tmp_path / "s"))
     assert read_version == 3 and read_crcs == crcs
+    assert read_layout == layout  # the entries in the order they were created in
+    assert [e.name for e in read_layout.entries] == list(ORDER)
+
+
+ORDER = ["zeta", "alpha", "mid", "beta"]  # not sorted: the layout's order is kept

@@ -171,6 +171,54 @@ def test_compile_cache_option_resolves_and_bad_values_are_refused(tiny_train_arg
         TrainConfig(**tiny_train_args, compile_cache=str(tmp_path / "a-file")).validate()
 
 
+def test_each_run_of_a_process_compiles_into_its_own_cache(tiny_train_args, tmp_path):
+    """Two runs in one process, neither with a cache configured outside jaxoff: the second
+    run's programs go to its own <out-dir>/compile-cache, not the first run's (deleted here,
+    as a benchmark deletes its temporary runs), and ``none`` turns the cache an earlier run
+    set off again; a directory configured outside jaxoff is never replaced."""
+    import shutil
+
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from jaxoff.train._loop import use_compile_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    limits = {  # every compilation is cached, however small
+        k: getattr(jax.config, k)
+        for k in (
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    runs = [TrainConfig(**{**tiny_train_args, "out_dir": str(tmp_path / name)}) for name in "ab"]
+    try:
+        for k in limits:
+            jax.config.update(k, 0)
+        jax.config.update("jax_compilation_cache_dir", None)
+        compilation_cache.reset_cache()
+        first = use_compile_cache(runs[0])
+        assert first == str((tmp_path / "a" / "compile-cache").absolute())
+        jax.jit(lambda x: x * 3 + 1)(np.ones(7))  # JAX fixes its cache now
+        shutil.rmtree(tmp_path / "a")
+        second = use_compile_cache(runs[1])
+        assert second == str((tmp_path / "b" / "compile-cache").absolute())
+        jax.jit(lambda x: x * 5 - 2)(np.ones(9)).block_until_ready()
+        written = list((tmp_path / "b" / "compile-cache").iterdir())
+        assert any(p.name.startswith("jit_") for p in written), written
+        assert not (tmp_path / "a").exists()
+        none = TrainConfig(**{**tiny_train_args, "compile_cache": "none"})
+        assert use_compile_cache(none) is None
+        assert jax.config.jax_compilation_cache_dir is None
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+        assert use_compile_cache(runs[0]) == str(tmp_path / "mine")
+        assert use_compile_cache(none) == str(tmp_path / "mine")
+    finally:
+        for k, v in limits.items():
+            jax.config.update(k, v)
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()
+
+
 @pytest.mark.subprocess
 def test_a_resumed_run_loads_its_paged_step_from_the_run_compile_cache(tmp_path):
     """Without JAX_COMPILATION_CACHE_DIR, `jaxoff train` keeps compiled programs in

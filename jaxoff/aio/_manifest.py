@@ -65,12 +65,9 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
 
 
 def encode(layout: Layout, version: int, crcs: Crcs) -> bytes:
-    """``to_json`` as the bytes written: the canonical JSON (sorted keys, no spaces) the
-    checksum covers, with the checksum appended as its last key (a commit of a store of a few
-    hundred entries encodes its manifest once, not twice)."""
-    text = json.dumps(_document(layout, version, crcs), sort_keys=True, separators=(",", ":"))
-    crc = crc32c.crc32c(text.encode())
-    return f'{text[:-1]},"{CHECKSUM_KEY}":{crc}}}'.encode()
+    """``to_json`` as the bytes written: compact JSON, the entries in the layout's order (the
+    order a reopened store lays them out in)."""
+    return json.dumps(to_json(layout, version, crcs), separators=(",", ":")).encode()
 
 
 def _document(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:

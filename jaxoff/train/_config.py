@@ -91,9 +91,10 @@ class TrainConfig:
         compile_cache: JAX's persistent compilation cache for this run, so that a resumed run
             loads its compiled step instead of compiling it again: ``auto`` keeps the cache
             already configured (``JAX_COMPILATION_CACHE_DIR``), else uses
-            ``<out_dir>/compile-cache``; a directory uses it; ``none`` leaves JAX's setting as
-            it is. It applies from the process's first compilation on (a `jaxoff train`
-            process: always).
+            ``<out_dir>/compile-cache``; a directory uses it; ``none`` leaves a cache
+            configured outside jaxoff as it is. In a process that trains several runs
+            (``jaxoff.train.train``), each run's ``auto`` uses its own out_dir, and ``none``
+            turns off a cache an earlier run set.
         page_params: with --fuyou, the stacked block parameters live in the page store too
             (ZeRO-Infinity's parameter offload): each layer's are read one layer ahead in
             forward and in backward and written by its update, so RAM holds the embeddings,

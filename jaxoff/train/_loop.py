@@ -78,20 +78,37 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
         return _train_locked(cfg)
 
 
+_compile_cache_set: str | None = None  # the directory use_compile_cache last set
+
+
 def use_compile_cache(cfg: TrainConfig) -> str | None:
     """Points JAX's persistent compilation cache where ``cfg.compile_cache`` says; returns the
-    directory in use (None: none configured). JAX reads it at the process's first compile."""
+    directory in use (None: none configured).
+
+    A directory configured outside jaxoff (``JAX_COMPILATION_CACHE_DIR``, ``jax.config``) is
+    kept by ``auto`` and ``none``. One this function set for an earlier run of the same
+    process is not: the next run's ``auto`` moves to its own ``<out_dir>/compile-cache``,
+    and ``none`` turns it off, so that no run keeps writing into another run's directory
+    (which may be gone). JAX fixes its cache at a process's first compilation; it is reset
+    here whenever the directory changes, so the new one applies from the next compilation.
+    """
+    from jax.experimental.compilation_cache import compilation_cache
+
+    global _compile_cache_set
     current = jax.config.jax_compilation_cache_dir
+    ours = current is not None and current == _compile_cache_set
     if cfg.compile_cache == "none":
-        return current
-    if cfg.compile_cache == "auto":
-        if current:
+        path = None if ours else current
+    elif cfg.compile_cache == "auto":
+        if current and not ours:
             return current
         path = str((Path(cfg.out_dir) / "compile-cache").absolute())
     else:
         path = str(Path(cfg.compile_cache).expanduser().absolute())
     if path != current:
         jax.config.update("jax_compilation_cache_dir", path)
+        compilation_cache.reset_cache()
+    _compile_cache_set = path if cfg.compile_cache != "none" else None
     return path
 
 
