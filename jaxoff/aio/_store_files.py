@@ -133,8 +133,7 @@ class FileTable:
                 fsync_file(path)
             except OSError as e:
                 raise PageStoreError(
-                    f"fsync of page file {path} failed: {e}; the previous version is still "
-                    "current"
+                    f"fsync of page file {path} failed: {e}; the previous version is still current"
                 ) from e
 
     def remove_stale(self, root: str, old: Layout) -> None:
