@@ -144,3 +144,27 @@ def test_the_manifest_reads_back_verified_with_the_entries_in_their_order(tmp_pa
 
 
 ORDER = ["zeta", "alpha", "mid", "beta"]  # not sorted: the layout's order is kept
+
+
+def test_a_store_striped_over_two_filesystems_syncs_each_once(tmp_path, monkeypatch):
+    """Three stripe directories, two on the store's filesystem and one on another (the tmpfs of
+    /dev/shm): two syncfs calls, one per filesystem."""
+    import shutil
+    import tempfile
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a filesystem of its own")
+    other = tempfile.mkdtemp(dir="/dev/shm", prefix="jaxoff-test-")
+    try:
+        spy = _Spy()
+        monkeypatch.setattr(_pageio, "_syncfs", lambda: spy.syncfs)
+        dirs = ["d0", "d1", other]
+        with PageStore.create(tmp_path / "s", ENTRIES, chunk_bytes=KB4, dirs=dirs) as store:
+            data = _fill(store, 4.0)
+            store.commit()
+            devices = {os.stat(p).st_dev for p in spy.calls}
+            assert len(spy.calls) == 2 and len(devices) == 2
+            for n, a in data.items():
+                np.testing.assert_array_equal(store.read(n), a)
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
