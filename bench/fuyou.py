@@ -59,7 +59,6 @@ from flax import nnx
 from paged_step import replay_io
 
 from jaxoff.aio import PageStore, file_table_stats
-from jaxoff.aio._pageio import fsync_file
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import fused_adamw, paged
@@ -69,13 +68,6 @@ from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, ma
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}
 WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
-
-
-def _fsync_each(files, slot):
-    """The slot made durable by an fsync of each page file (the path without syncfs)."""
-    for (_, s, _), fid in files.ids.items():
-        if s == slot:
-            fsync_file(files.paths[fid])
 
 
 def _sync_commit(store, crcs=None, background=False):
@@ -128,7 +120,7 @@ def main():
                 opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)
                 if name == "fuyou_fsync_each":
                     files = tx.pager.store._files
-                    files.fsync_slot = functools.partial(_fsync_each, files)
+                    files.fsync_slot = files.fsync_each  # the path without syncfs
             elif name == "fuyou_nvme":
                 opt = fuyou_init(cfg, tx, params, page_params=True)
                 fn = make_fuyou_step(graphdef, cfg, tx, page_params=True)

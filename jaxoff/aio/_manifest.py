@@ -59,24 +59,12 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
     """The manifest document of ``version`` (its checksum included). Its entries share the
     layout's parts that never change (shapes, files, chunk tables) with every other document
     of the layout: read it, do not modify it."""
-    doc = _document(layout, version, crcs)
-    doc[CHECKSUM_KEY] = content_crc(doc)
-    return doc
-
-
-def encode(layout: Layout, version: int, crcs: Crcs) -> bytes:
-    """``to_json`` as the bytes written: compact JSON, the entries in the layout's order (the
-    order a reopened store lays them out in)."""
-    return json.dumps(to_json(layout, version, crcs), separators=(",", ":")).encode()
-
-
-def _document(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
     static = _static_entries(layout)
     entries = {
         e.name: {**static[e.name], "crc": {s: list(crcs[s][e.name]) for s in SLOTS}}
         for e in layout.entries
     }
-    return {
+    doc = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "version": version,
@@ -86,6 +74,14 @@ def _document(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
         "dirs": list(layout.dirs),
         "slots": layout.slots,
     }
+    doc[CHECKSUM_KEY] = content_crc(doc)
+    return doc
+
+
+def encode(layout: Layout, version: int, crcs: Crcs) -> bytes:
+    """``to_json`` as the bytes written: compact JSON, the entries in the layout's order (the
+    order a reopened store lays them out in)."""
+    return json.dumps(to_json(layout, version, crcs), separators=(",", ":")).encode()
 
 
 def _static_entries(layout: Layout) -> dict[str, dict[str, Any]]:

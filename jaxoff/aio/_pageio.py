@@ -97,8 +97,9 @@ def _syncfs():
     """libc's ``syncfs``, or None where it cannot be trusted with a commit: not Linux, no such
     symbol, or a kernel before 5.8 (whose syncfs does not report writeback errors)."""
     try:
-        release = tuple(int(x) for x in os.uname().release.split(".")[:2])
-        if os.uname().sysname != "Linux" or release < (5, 8):
+        uname = os.uname()
+        release = tuple(int(x) for x in uname.release.split(".")[:2])
+        if uname.sysname != "Linux" or release < (5, 8):
             return None
         fn = ctypes.CDLL(None, use_errno=True).syncfs
     except (AttributeError, OSError, ValueError):

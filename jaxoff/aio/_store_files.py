@@ -116,10 +116,14 @@ class FileTable:
                 continue  # longer than needed: harmless
             allocate_file(path, want)
 
+    def slot_paths(self, slot: str) -> list[str]:
+        """The page files of ``slot``, in table order."""
+        return [self.paths[fid] for (_, s, _), fid in self.ids.items() if s == slot]
+
     def fsync_slot(self, slot: str) -> None:
         """Makes the slot's page files durable: one syncfs per filesystem where it is trusted
-        (`jaxoff.aio._pageio.sync_filesystems`), else an fsync of each file."""
-        paths = [self.paths[fid] for (_, s, _), fid in self.ids.items() if s == slot]
+        (`jaxoff.aio._pageio.sync_filesystems`), else `fsync_each`."""
+        paths = self.slot_paths(slot)
         try:
             if sync_filesystems(paths):
                 return
@@ -128,7 +132,11 @@ class FileTable:
                 f"making the page files of {os.path.dirname(paths[0])} durable failed: {e}; "
                 "the previous version is still current"
             ) from e
-        for path in paths:
+        self.fsync_each(slot)
+
+    def fsync_each(self, slot: str) -> None:
+        """Makes the slot's page files durable with an fsync of each."""
+        for path in self.slot_paths(slot):
             try:
                 fsync_file(path)
             except OSError as e:
