@@ -238,6 +238,28 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
     tx2.close()
 
 
+def test_float32_blocks_are_updated_in_place(tmp_path):
+    """float32 blocks given as floats are sliced and updated as they are: the step's
+    temporaries do not grow with the model's depth (converting them to bits, as 16-bit
+    floats are, would copy the whole stack at each end of the step)."""
+
+    def temp_bytes(layers, root):
+        cfg = dataclasses.replace(
+            config("float32"), num_layers=layers, d_model=256, num_heads=4, d_ff=1024
+        )
+        graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
+        tx = paged(inner(), root, chunk_bytes=CHUNK, slots=1)
+        state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
+        step = jax.jit(make_fuyou_step(graphdef, cfg, tx), donate_argnums=0)
+        temp = step.lower(state, *batch(0)).compile().memory_analysis().temp_size_in_bytes
+        tx.close()
+        return temp, sum(x.nbytes for x in jax.tree.leaves(params["blocks"]))
+
+    temp4, bytes4 = temp_bytes(4, tmp_path / "f4")
+    temp8, bytes8 = temp_bytes(8, tmp_path / "f8")
+    assert temp8 - temp4 < 0.1 * (bytes8 - bytes4), (temp4, temp8, bytes4, bytes8)
+
+
 def test_builds_on_the_public_chunk_update_api_only():
     # Fuyou is a strategy: it composes jaxoff.optim's public API, never its private modules
     import ast

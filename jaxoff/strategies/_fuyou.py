@@ -576,17 +576,17 @@ def make_fuyou_step(
 
         rest = [leaves[i] for i in ridx]
         dtypes = [plan.leaves[i].dtype for i in bidx]
-        stacked = [leaves[i] if blocks_as_bits else _bits(leaves[i]) for i in bidx]
+        stacked = [leaves[i] if blocks_as_bits else _stack_form(leaves[i]) for i in bidx]
         block = _block_fn(merged(rest, stacked).blocks)
 
         # forward: each block's input is saved, nothing else (the block is recomputed)
         fwd = lambda r, t: front(merged(r, stacked), t)  # noqa: E731
         x0, front_vjp = jax.vjp(lambda r: fwd(r, inputs), rest)
 
-        # Both scans slice layer j out of the stacked leaves' bits: XLA's CPU backend
-        # computes 16-bit floats in float32, dynamic slices and updates included, and would
-        # make a float32 copy of every stacked leaf (twice the blocks' bytes) and rewrite it
-        # whole at every layer.
+        # Both scans slice layer j out of a 16-bit float stacked leaf's bits: XLA's CPU
+        # backend computes 16-bit floats in float32, dynamic slices and updates included, and
+        # would make a float32 copy of every such leaf (twice its bytes) and rewrite it whole
+        # at every layer. Wider floats are sliced as they are (`_stack_form`).
         last = lay.num_layers - 1
         if page_params:
             # layer j + 1's reads run while layer j computes; the top layer's parameters are
@@ -722,7 +722,7 @@ def make_fuyou_step(
             new_stacked = [leaves[i] for i in bidx]  # the placeholders, as they came
         else:
             layer, g_layer, gh = backward(stacked, last, saved[last], gh)
-            top = [_bits(x) for x in layer]  # first written: the top layer, unchanged
+            top = _like(layer, stacked)  # first written: the top layer, unchanged
 
             def bbody(carry, xs):
                 gh, tok, blocks, g_up, p_up, heads_up, pending, pending_j = carry
@@ -731,7 +731,7 @@ def make_fuyou_step(
                 blocks = _put_layer(blocks, pending, pending_j)
                 layer, g_layer, gh = backward(blocks, j, h_in, gh)
                 new_up, crcs_up, sq_up, tok = update_layer(g_up, p_up, heads_up, *up_tables, tok)
-                new_up = [_bits(x) for x in new_up]
+                new_up = _like(new_up, blocks)
                 carry = (gh, tok, blocks, g_layer, layer, heads_j, new_up, j + 1)
                 return carry, (crcs_up, sq_up)
 
@@ -747,7 +747,7 @@ def make_fuyou_step(
             new_stacked = _put_layer(new_stacked, pending, pending_j)
             first = jax.tree.map(lambda t: t[0], tables)
             new_0, crcs_0, sq_0, tok = update_layer(g_layer, layer, heads_0, *first, tok)
-            new_stacked = _put_layer(new_stacked, [_bits(x) for x in new_0], 0)
+            new_stacked = _put_layer(new_stacked, _like(new_0, new_stacked), 0)
             crcs_b = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), crcs_0, crcs_up)
             sq_b = jnp.concatenate([sq_0[None], sq_up])
             if not blocks_as_bits:
@@ -872,6 +872,19 @@ def _bits(x: jax.Array) -> jax.Array:
 
 def _unbits(x: jax.Array, dtype) -> jax.Array:
     return x if x.dtype == dtype else lax.bitcast_convert_type(x, dtype)
+
+
+def _stack_form(x: jax.Array) -> jax.Array:
+    """How the scans hold a stacked block leaf: 16-bit floats as their bits (XLA's CPU
+    backend computes them in float32, slices and updates included), wider floats as they
+    are (converting those would only copy the whole stack, at each end of the step)."""
+    return _bits(x) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize == 2 else x
+
+
+def _like(layer: list[jax.Array], stacked: list[jax.Array]) -> list[jax.Array]:
+    """A layer's leaves in the dtypes of the stack they are written into (`_stack_form`, or
+    bits throughout with ``blocks_as_bits``)."""
+    return [_unbits(x, s.dtype) for x, s in zip(layer, stacked, strict=True)]
 
 
 def _is_block_path(path) -> bool:
