@@ -689,7 +689,8 @@ def make_fuyou_step(
         # writes run while layer j's matmuls do. The stacked parameters are the loop's carry,
         # updated in place (with the state donated, in the parameters' own buffers: no second
         # copy of the model): layer j + 1's new values are written into the stack one step
-        # later, at the top of layer j - 1's step, before that step slices its layer, so every
+        # later, at the top of layer j - 1's step, before that step slices its layers (j - 1
+        # to differentiate, j to update: its old parameters are still in the stack), so every
         # read of the stack follows every write and XLA needs no copy of it to keep an old
         # value. The top layer is differentiated before the scan, layer 0 updated after it.
         tables = (per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
@@ -725,14 +726,16 @@ def make_fuyou_step(
             top = _like(layer, stacked)  # first written: the top layer, unchanged
 
             def bbody(carry, xs):
-                gh, tok, blocks, g_up, p_up, heads_up, pending, pending_j = carry
+                gh, tok, blocks, g_up, heads_up, pending, pending_j = carry
                 j, h_in, up_tables, tables_j = xs  # layer j + 1's tables, layer j's
                 heads_j = layer_heads(*tables_j)  # for the next step's update of layer j
                 blocks = _put_layer(blocks, pending, pending_j)
-                layer, g_layer, gh = backward(blocks, j, h_in, gh)
+                _, g_layer, gh = backward(blocks, j, h_in, gh)
+                # layer j + 1's parameters, still the old ones (sliced again, not carried:
+                # a carried slice is copied into the loop's buffer at every step)
+                p_up = _layer(blocks, j + 1, dtypes)
                 new_up, crcs_up, sq_up, tok = update_layer(g_up, p_up, heads_up, *up_tables, tok)
-                new_up = _like(new_up, blocks)
-                carry = (gh, tok, blocks, g_layer, layer, heads_j, new_up, j + 1)
+                carry = (gh, tok, blocks, g_layer, heads_j, _like(new_up, blocks), j + 1)
                 return carry, (crcs_up, sq_up)
 
             xs = (
@@ -741,13 +744,17 @@ def make_fuyou_step(
                 jax.tree.map(lambda t: t[1:], tables),
                 jax.tree.map(lambda t: t[:last], tables),
             )
-            carry = (gh, gated, stacked, g_layer, layer, top_heads, top, jnp.asarray(last))
+            carry = (gh, gated, stacked, g_layer, top_heads, top, jnp.asarray(last))
             carry, (crcs_up, sq_up) = lax.scan(bbody, carry, xs, reverse=True)
-            gh, tok, new_stacked, g_layer, layer, heads_0, pending, pending_j = carry
-            new_stacked = _put_layer(new_stacked, pending, pending_j)
+            gh, tok, new_stacked, g_layer, heads_0, pending, pending_j = carry
             first = jax.tree.map(lambda t: t[0], tables)
+            layer = _layer(new_stacked, 0, dtypes)
             new_0, crcs_0, sq_0, tok = update_layer(g_layer, layer, heads_0, *first, tok)
+            # layer 0 first: its update reads and writes slot 0 of the same stack, in place;
+            # written after layer 1's, XLA would read slot 0 from the stack before that write
+            # and copy the whole stack to keep it
             new_stacked = _put_layer(new_stacked, _like(new_0, new_stacked), 0)
+            new_stacked = _put_layer(new_stacked, pending, pending_j)
             crcs_b = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), crcs_0, crcs_up)
             sq_b = jnp.concatenate([sq_0[None], sq_up])
             if not blocks_as_bits:
