@@ -513,9 +513,10 @@ def make_fuyou_step(
 
     ``blocks_as_bits``: the stacked block leaves of ``state.params`` come (and go back) as
     their raw bits (`blocks_to_bits`). XLA's CPU backend computes 16-bit floats in float32,
-    slicing and updating included, so the scans run over bit patterns either way; given
-    floats, the step converts them to bits and back (a second copy of the blocks while it
-    runs), given bits it updates them in place. Use it when the model nearly fills RAM.
+    slicing and updating included, so the scans run over the bits of 16-bit floats either
+    way; given such floats, the step converts them to bits and back (a second copy of the
+    blocks while it runs), given bits it updates them in place. Use it when a 16-bit model
+    nearly fills RAM. float32 blocks are updated in place as they are.
 
     ``page_params``: the stacked block parameters live in the page store
     (``fuyou_init(..., page_params=True)``; ``state.params`` is `fuyou_resident` of them).
