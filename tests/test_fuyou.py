@@ -46,6 +46,18 @@ def batch(t):
     return x[:, :-1], x[:, 1:]
 
 
+def deep_config(dtype, layers):
+    """``config(dtype)`` widened to 256 with ``layers`` layers, for the in-place tests."""
+    return dataclasses.replace(
+        config(dtype), num_layers=layers, d_model=256, num_heads=4, d_ff=1024
+    )
+
+
+def temp_bytes(step, state):
+    """The compiled step's temporaries, in bytes."""
+    return step.lower(state, *batch(0)).compile().memory_analysis().temp_size_in_bytes
+
+
 def fuyou_run(cfg, root):
     graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
     tx = paged(inner(), root, chunk_bytes=CHUNK)
@@ -208,9 +220,7 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
     with the model's depth. Same arithmetic as given floats."""
 
     def bits_setup(layers, root):
-        cfg = dataclasses.replace(
-            config("bfloat16"), num_layers=layers, d_model=256, num_heads=4, d_ff=1024
-        )
+        cfg = deep_config("bfloat16", layers)
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         tx = paged(inner(), root, chunk_bytes=CHUNK, slots=1)
         opt = fuyou_init(cfg, tx, params)
@@ -219,8 +229,7 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
         assert {x.dtype for x in jax.tree.leaves(bits["blocks"])} == {np.dtype(np.uint16)}
         state = TrainState(jnp.zeros((), jnp.int32), bits, opt)
         step = jax.jit(make_fuyou_step(graphdef, cfg, tx, blocks_as_bits=True), donate_argnums=0)
-        temp = step.lower(state, *batch(0)).compile().memory_analysis().temp_size_in_bytes
-        return cfg, tx, state, step, temp, blocks_bytes
+        return cfg, tx, state, step, temp_bytes(step, state), blocks_bytes
 
     _, tx4, _, _, temp4, bytes4 = bits_setup(4, tmp_path / "bits4")
     tx4.close()
@@ -243,20 +252,18 @@ def test_float32_blocks_are_updated_in_place(tmp_path):
     temporaries do not grow with the model's depth (converting them to bits, as 16-bit
     floats are, would copy the whole stack at each end of the step)."""
 
-    def temp_bytes(layers, root):
-        cfg = dataclasses.replace(
-            config("float32"), num_layers=layers, d_model=256, num_heads=4, d_ff=1024
-        )
+    def float_setup(layers, root):
+        cfg = deep_config("float32", layers)
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         tx = paged(inner(), root, chunk_bytes=CHUNK, slots=1)
         state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
         step = jax.jit(make_fuyou_step(graphdef, cfg, tx), donate_argnums=0)
-        temp = step.lower(state, *batch(0)).compile().memory_analysis().temp_size_in_bytes
+        temp = temp_bytes(step, state)
         tx.close()
         return temp, sum(x.nbytes for x in jax.tree.leaves(params["blocks"]))
 
-    temp4, bytes4 = temp_bytes(4, tmp_path / "f4")
-    temp8, bytes8 = temp_bytes(8, tmp_path / "f8")
+    temp4, bytes4 = float_setup(4, tmp_path / "f4")
+    temp8, bytes8 = float_setup(8, tmp_path / "f8")
     assert temp8 - temp4 < 0.1 * (bytes8 - bytes4), (temp4, temp8, bytes4, bytes8)
 
 

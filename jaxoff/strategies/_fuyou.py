@@ -20,10 +20,10 @@ of every optimizer-state tensor of layer ``j`` is prefetched in the step that di
 layer ``j``, a step before its update takes it (the tickets cross the scan's carry), and the
 store commit runs behind the next step (``PageStore.commit(background=True)``). On the
 2-core CPU this project is measured on, the step is 0.87-1.12 times the sequential paged one
-and 1.19 times its bound at batch 4 (``bench/fuyou.py``, ``docs/strategies.md``): the update's
-own CPU work competes with the matmuls for the same two cores, and XLA's CPU runtime runs a
-scan body's update after its matmuls. The paper runs the update on the
-host CPU while the GPU computes.
+and 1.16 times its bound at batch 4, the median of three runs (``bench/fuyou.py``,
+``docs/strategies.md``): the update's own CPU work competes with the matmuls for the same two
+cores, and XLA's CPU runtime runs a scan body's update after its matmuls. The paper runs the
+update on the host CPU while the GPU computes.
 Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
 choice of how much to swap; activations stay on the device (each block's input, the block
 recomputed in backward).
