@@ -12,6 +12,9 @@ medians over all steps):
 * **fuyou**: layer j + 1's paged update inside the backward scan step of layer j;
 * **fuyou_fsync_each**: fuyou with each commit fsyncing every page file of the slot instead
   of one ``syncfs`` of the filesystem (``--fsync-each``; prints fuyou / fuyou_fsync_each);
+* **fuyou_first_chunk**: fuyou reading only the first chunk of each tensor a layer ahead of
+  its update, the rest in the update's own pipeline (``--first-chunk-only``; the read-ahead
+  before ``READ_AHEAD_BYTES``; prints fuyou / fuyou_first_chunk);
 * **fuyou_nvme**: fuyou with the block parameters in the page store too
   (``page_params=True``: read a layer ahead in forward and backward, written by the update);
 * **pure I/O**: fuyou's store read from its committed slot and written to the other one,
@@ -43,6 +46,7 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -63,11 +67,22 @@ from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import fused_adamw, paged
 from jaxoff.step import TrainState, make_train_step
+from jaxoff.strategies import _fuyou as fuyou_module
 from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, make_fuyou_step
 
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}
 WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
+
+
+@contextlib.contextmanager
+def _read_ahead(nbytes: int):
+    saved = fuyou_module.READ_AHEAD_BYTES
+    fuyou_module.READ_AHEAD_BYTES = nbytes
+    try:
+        yield
+    finally:
+        fuyou_module.READ_AHEAD_BYTES = saved
 
 
 def _sync_commit(store, crcs=None, background=False):
@@ -93,6 +108,12 @@ def main():
         "of one syncfs",
     )
     ap.add_argument(
+        "--first-chunk-only",
+        action="store_true",
+        help="add fuyou_first_chunk: fuyou reading only each tensor's first chunk a layer "
+        "ahead (READ_AHEAD_BYTES = 1)",
+    )
+    ap.add_argument(
         "--optimizer",
         choices=sorted(OPTIMIZERS),
         default="adamw",
@@ -101,6 +122,7 @@ def main():
     a = ap.parse_args()
     variants = VARIANTS + (("sequential_sync_commit",) if a.sync_commit else ())
     variants += ("fuyou_fsync_each",) if a.fsync_each else ()
+    variants += ("fuyou_first_chunk",) if a.first_chunk_only else ()
     cfg = with_stack(CONFIGS[a.model], policy="nothing_saveable")
     x = jax.random.randint(jax.random.key(0), (a.batch, a.seq + 1), 0, 256)
     inputs, targets = x[:, :-1], x[:, 1:]
@@ -116,8 +138,12 @@ def main():
             inner = OPTIMIZERS[a.optimizer]()
             tx = paged(inner, f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
             txs.append(tx)
-            if name in ("fuyou", "fuyou_fsync_each"):
-                opt, fn = fuyou_init(cfg, tx, params), make_fuyou_step(graphdef, cfg, tx)
+            if name in ("fuyou", "fuyou_fsync_each", "fuyou_first_chunk"):
+                # the staging and the chunks read ahead are laid out by fuyou_init
+                first_only = name == "fuyou_first_chunk"
+                with _read_ahead(1 if first_only else fuyou_module.READ_AHEAD_BYTES):
+                    opt = fuyou_init(cfg, tx, params)
+                fn = make_fuyou_step(graphdef, cfg, tx)
                 if name == "fuyou_fsync_each":
                     files = tx.pager.store._files
                     files.fsync_slot = files.fsync_each  # the path without syncfs
@@ -215,6 +241,9 @@ def main():
     if a.fsync_each:
         summary["fuyou_over_fsync_each"] = f / med["fuyou_fsync_each"]
         print(f"fuyou / fuyou fsync each file = {summary['fuyou_over_fsync_each']:.3f}")
+    if a.first_chunk_only:
+        summary["fuyou_over_first_chunk"] = f / med["fuyou_first_chunk"]
+        print(f"fuyou / fuyou first chunk     = {summary['fuyou_over_first_chunk']:.3f}")
     if a.sync_commit:
         summary["sequential_over_sync_commit"] = s / med["sequential_sync_commit"]
         print(f"sequential / sync commit      = {summary['sequential_over_sync_commit']:.3f}")

@@ -16,6 +16,7 @@ from jaxoff.aio import PageStoreError
 from jaxoff.nn import load_model, with_stack
 from jaxoff.optim import paged
 from jaxoff.step import TrainState, make_train_step
+from jaxoff.strategies import _fuyou as fuyou_module
 from jaxoff.strategies._fuyou import (
     _layout,
     blocks_from_bits,
@@ -73,12 +74,31 @@ def seq_run(cfg, root):
 
 
 @pytest.mark.parametrize(
-    "model, dtype", [("tiny", "float32"), ("tiny", "bfloat16"), ("llama-tiny", "float32")]
+    "model, dtype, read_ahead",
+    [
+        ("tiny", "float32", None),
+        ("tiny", "bfloat16", None),
+        ("llama-tiny", "float32", None),
+        # a layer's state (1.6 MB) larger than the read-ahead: 1 to 3 leading chunks of
+        # each tensor read ahead, the rest in the update's pipeline
+        ("tiny", "float32", 600 << 10),
+    ],
 )
-def test_bitwise_equal_to_sequential_paged(tmp_path, model, dtype):
+def test_bitwise_equal_to_sequential_paged(tmp_path, monkeypatch, model, dtype, read_ahead):
+    if read_ahead is not None:
+        monkeypatch.setattr(fuyou_module, "READ_AHEAD_BYTES", read_ahead)
     cfg = config(dtype, model)
     tx1, s1, step1 = seq_run(cfg, tmp_path / "seq")
     tx2, s2, step2 = fuyou_run(cfg, tmp_path / "fuyou")
+    lay = _layout(tx2, s2.params)
+    blocks = [leaf for leaf in lay.plan.leaves if lay.blocks[leaf.index]]
+    ahead = [len(lay.head_sizes[leaf.index]) for leaf in blocks]
+    whole = [-(-leaf.size // lay.num_layers // leaf.chunk_elems) for leaf in blocks]
+    if read_ahead is None:
+        assert ahead == whole and max(whole) >= 3
+    else:  # some tensors' first chunks only, some more, none whole where it has several
+        assert min(ahead) == 1 and max(ahead) >= 3
+        assert all(a < w for a, w in zip(ahead, whole, strict=True) if w > 3)
     for t in range(10):
         s1, m1 = step1(s1, *batch(t))
         s2, m2 = step2(s2, *batch(t))
@@ -92,7 +112,6 @@ def test_bitwise_equal_to_sequential_paged(tmp_path, model, dtype):
     assert int(s1.opt_state.version) == int(s2.opt_state.version) == 11
     assert step2._cache_size() == 1
     plan = tx1.pager.plan(s1.params)
-    lay = _layout(tx2, s2.params)
     for e in plan.entries:
         want = tx1.store.read(e.name)
         if lay.blocks[e.leaf]:
@@ -283,6 +302,21 @@ def test_builds_on_the_public_chunk_update_api_only():
     assert private == []
 
 
+def test_update_leaf_takes_one_head_chunk_or_several_not_both(tmp_path):
+    from jaxoff.aio import new_token
+    from jaxoff.optim import chunk_updater
+
+    updater = chunk_updater(paged(inner(), tmp_path / "s", chunk_bytes=CHUNK))
+    plan = updater.plan({"w": jnp.zeros((3, 5), jnp.float32)})
+    g = jnp.zeros((3, 5), jnp.float32)
+    ticket = [new_token()]
+    with pytest.raises(ValueError, match="head .one chunk. or heads .several., not both"):
+        updater.update_leaf(
+            "unused", plan, plan.leaves[0], g, g, [], [], [], jnp.int32(0), new_token(),
+            head=ticket, heads=[ticket],
+        )  # fmt: skip
+
+
 # ------------------------------------------------------------ parameters paged too
 
 
@@ -385,12 +419,13 @@ def _is_take(eqn) -> bool:
 
 @pytest.mark.parametrize("page_params", [False, True])
 def test_optimizer_state_is_read_a_layer_ahead_of_its_update(tmp_path, page_params):
-    """On the traced program: the backward scan's step starts the reads of the first chunk
-    of every optimizer-state tensor of the layer it differentiates (updated by the next
-    step) and hands their tickets to the next step through the carry, and the update it
-    runs takes the first chunk of every tensor of its own layer from tickets that came in
-    through the carry: the reads were issued a whole layer's backward earlier, so the
-    update does not wait for them."""
+    """On the traced program: the backward scan's step starts the reads of the leading
+    chunks (here: all, the layer's state fits ``READ_AHEAD_BYTES``) of every
+    optimizer-state tensor of the layer it differentiates (updated by the next step) and
+    hands their tickets to the next step through the carry, and the update it runs takes
+    those chunks of every tensor of its own layer from tickets that came in through the
+    carry: the reads were issued a whole layer's backward earlier, so the update does not
+    wait for them."""
     cfg = config("float32")
     if page_params:
         tx, state, _ = paged_params_run(cfg, tmp_path / "s")
@@ -400,7 +435,11 @@ def test_optimizer_state_is_read_a_layer_ahead_of_its_update(tmp_path, page_para
         tx = paged(inner(), tmp_path / "s", chunk_bytes=CHUNK)
         state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
     lay = _layout(tx, None, page_params)  # laid out by fuyou_init
-    per_layer = sum(len(leaf.entries) for leaf in lay.plan.leaves if lay.blocks[leaf.index])
+    bleaves = [leaf for leaf in lay.plan.leaves if lay.blocks[leaf.index]]
+    per_layer = sum(len(leaf.entries) for leaf in bleaves)
+    chunks = {leaf.index: -(-leaf.size // lay.num_layers // leaf.chunk_elems) for leaf in bleaves}
+    assert {k: len(v) for k, v in lay.head_sizes.items() if k in chunks} == chunks
+    assert max(chunks.values()) >= 3  # several chunks a tensor: read ahead in a scan
     param_chunks = sum(len(e.chunks) for e in lay.params)  # the parameters' own reads ahead
     step = make_fuyou_step(graphdef, cfg, tx, page_params=page_params)
     closed = jax.make_jaxpr(step)(state, *batch(0))
@@ -413,11 +452,29 @@ def test_optimizer_state_is_read_a_layer_ahead_of_its_update(tmp_path, page_para
     outs = {v for v in body.outvars if isinstance(v, jex_core.Var)}
     carried = [e for e in body.eqns if _is_prefetch(e) and set(e.outvars) & outs]
     ins = set(body.invars)
+    # a tensor of one or two chunks is taken in the body, one of more in a scan over the
+    # tickets that came in with it: both from the carry
     from_carry = [e for e in body.eqns if _is_take(e) and e.invars[0] in ins]
+    head_scans = [
+        e
+        for e in body.eqns
+        if e.primitive.name == "scan"
+        and _contains(e, _is_take)
+        and not _contains(e, _is_prefetch)
+        and set(e.invars) & ins
+    ]
     assert per_layer >= 4
-    assert len(carried) == per_layer + param_chunks
-    assert len(from_carry) == per_layer + param_chunks
+    read_ahead = sum(len(leaf.entries) * chunks[leaf.index] for leaf in bleaves)
+    assert len(carried) == read_ahead + param_chunks
+    # every read the body starts is one of those: the update it runs starts none of its own
+    assert _count(body.eqns, _is_prefetch) == len(carried)
+    assert from_carry and head_scans
     tx.close()
+
+
+def _count(eqns, pred) -> int:
+    """Equations satisfying ``pred`` in ``eqns`` and the jaxprs they hold (once each)."""
+    return sum(pred(e) + sum(_count(j.eqns, pred) for j in _subjaxprs(e)) for e in eqns)
 
 
 def test_paged_parameters_refuse_bad_input_and_detect_corruption(tmp_path):

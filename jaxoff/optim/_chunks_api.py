@@ -186,6 +186,27 @@ class ChunkUpdater:
         """
         return prefetch_chunk(table, ios, crcs, read_slot, 0, n, token)
 
+    def prefetch_chunks(
+        self,
+        table: str,
+        ios: list[EntryIO],
+        crcs: list[jax.Array],
+        read_slot: jax.Array,
+        sizes: list[int],
+        token: jax.Array,
+    ) -> list[list[jax.Array]]:
+        """`prefetch_head` of the leading ``len(sizes)`` chunks: chunk ``i`` of ``sizes[i]``
+        elements (``leaf.chunk_elems`` but for a short last one), issued in chunk order.
+        Returns per chunk its tickets, for `update_leaf`'s ``heads``. They hold the sum of
+        `head_bytes` of every chunk until taken.
+        """
+        out = []
+        for i, n in enumerate(sizes):
+            tickets = prefetch_chunk(table, ios, crcs, read_slot, i, n, token)
+            out.append(tickets)
+            token = tickets[-1]
+        return out
+
     def ram_update(self, plan: Plan, ram: list, extra: dict | None = None) -> list:
         """The inner optimizer's new RAM leaves after one update, from its current ``ram``."""
         extra = {} if extra is None else extra
@@ -208,6 +229,7 @@ class ChunkUpdater:
         apply: bool = True,
         split_phase: bool = True,
         head: list[jax.Array] | None = None,
+        heads: list[list[jax.Array]] | None = None,
     ) -> tuple[jax.Array, list[jax.Array], jax.Array]:
         """Pages ``params`` (leaf ``leaf`` of ``plan``, or a slice of it) through the update.
 
@@ -235,11 +257,16 @@ class ChunkUpdater:
             Staging must hold `split_phase_bytes`.
           head: split phase only: the tickets of `prefetch_head` for these entries' first
             chunk, issued earlier; the pipeline takes them instead of reading that chunk.
+          heads: instead of ``head``: per leading chunk, its tickets (`prefetch_chunks`).
 
         Returns:
           ``(new params or updates (shape of params), per entry the crcs written, token)``.
         """
         extra = {} if extra is None else extra
+        if head is not None and heads is not None:
+            raise ValueError("update_leaf: give head (one chunk) or heads (several), not both")
+        if head is not None:
+            heads = [head]
         check_index_range(leaf.name, params.size, leaf.chunk_elems)
         n_full, tail = divmod(params.size, leaf.chunk_elems)
         compute = functools.partial(
@@ -265,7 +292,7 @@ class ChunkUpdater:
             compute,
             token,
             split_phase=split_phase,
-            head=None if head is None else [head],
+            head=heads,
         )
         return out.reshape(params.shape), crcs, token
 

@@ -219,10 +219,10 @@ def _page_leaf_split(
             xs.append(x)
         return xs
 
-    def stage(i, n, next_n, carry):
+    def stage(i, n, next_n, carry, given=None):
         tickets, out, tok, crcs = carry
-        if isinstance(i, int) and i + 1 < h:  # prefetched by the caller
-            nxt = head[i + 1]
+        if given is not None:  # chunk i + 1's tickets, prefetched by the caller
+            nxt = given
             xs = take(n, tickets, tok)
         else:
             nxt = prefetch(i + 1, next_n, tok) if next_n else None
@@ -239,11 +239,23 @@ def _page_leaf_split(
 
     first = head[0] if h else prefetch(0, size(0), token)
     carry = (first, out, token, crcs_out)
-    # Static stages up to the last prefetched head chunk, then the uniform middle as a scan
-    # (chunks lo .. n_full-2, each reading a full chunk), then the last one or two chunks.
-    lo = max(1, h)
-    for i in range(lo):
-        carry = stage(i, size(i), size(i + 1) if i + 1 < num else 0, carry)
+    # The chunks whose successor the caller prefetched (0 .. h-2: full ones, as only the last
+    # chunk may be short) as one scan over those tickets when there are several, the last
+    # prefetched head chunk as a static stage, then the uniform middle as a scan (chunks
+    # lo .. n_full-2, each reading a full chunk), then the last one or two chunks.
+    lo, done = max(1, h), 0
+    if h >= 3:
+        later = [jnp.stack([head[i][k] for i in range(1, h)]) for k in range(len(ios))]
+
+        def head_body(carry, x):
+            i, nxt = x
+            return stage(i, chunk_elems, chunk_elems, carry, given=list(nxt)), None
+
+        carry, _ = lax.scan(head_body, carry, (jnp.arange(h - 1, dtype=jnp.int32), later))
+        done = h - 1
+    for i in range(done, lo):
+        given = head[i + 1] if i + 1 < h else None
+        carry = stage(i, size(i), size(i + 1) if i + 1 < num else 0, carry, given)
     if n_full - 1 > lo:
 
         def body(carry, i):

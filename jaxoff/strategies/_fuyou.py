@@ -15,10 +15,12 @@ The backward scan is software-pipelined: its step for layer ``j`` differentiates
 and pages layer ``j + 1``'s update (gradients carried from the previous step), with no data
 path between the two in either direction (``tests/test_fuyou.py`` checks this on the traced
 program), so the update's reads, arithmetic and writes may run while layer ``j``'s matmuls
-do; ``jaxoff_page_take`` hands XLA's thread back while a read is in flight. The first chunk
-of every optimizer-state tensor of layer ``j`` is prefetched in the step that differentiates
-layer ``j``, a step before its update takes it (the tickets cross the scan's carry), and the
-store commit runs behind the next step (``PageStore.commit(background=True)``). On the
+do; ``jaxoff_page_take`` hands XLA's thread back while a read is in flight. Layer ``j``'s
+optimizer state is read in the step that differentiates layer ``j``, a step before its update
+takes it (the tickets cross the scan's carry): the whole layer when it fits
+``READ_AHEAD_BYTES`` (128 MiB), else the leading chunks of every tensor that fit, the rest
+read by the update's own pipeline. The store commit runs behind the next step
+(``PageStore.commit(background=True)``). On the
 2-core CPU this project is measured on, the step is 0.87-1.12 times the sequential paged one
 and 1.16 times its bound at batch 4, the median of three runs (``bench/fuyou.py``,
 ``docs/strategies.md``): the update's own CPU work competes with the matmuls for the same two
@@ -141,6 +143,9 @@ class _Layout:
     store: PageStore
     params: list[fp.ParamEntry]  # with paged parameters: per stacked block leaf; else empty
     calls: HostCalls  # the step's host calls (and the table's name)
+    # per plan leaf with paged tensors: the sizes (elements) of the leading chunks of its
+    # part (a layer's slice, or the whole leaf) read ahead of its update (`_read_ahead`)
+    head_sizes: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
     @property
     def table(self) -> str:
@@ -254,12 +259,18 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
         chunk = store.chunk_bytes
         # a layer's parameters prefetched ahead, and a layer's written behind, when paged
         need += 2 * sum(-(-fp.layer_nbytes(lf) // chunk) * chunk for lf in pleaves)
-        # the first chunk of every leaf of a layer prefetched a layer ahead of its update
+        # the leading chunks of every leaf of a layer prefetched a layer ahead of its update
         # (two layers' at once: one being taken, the next one issued), and of every other
         # leaf from the start of the backward pass
-        for leaf in plan.leaves:
-            n0 = _head_elems(leaf, num_layers if blocks[leaf.index] else 1)
-            need += (2 if blocks[leaf.index] else 1) * updater.head_bytes(plan, leaf, n0)
+        head_sizes = {}
+        for group in (True, False):
+            leaves_ = [lf for lf in plan.leaves if blocks[lf.index] == group]
+            parts = num_layers if group else 1
+            head_sizes.update(_read_ahead(updater, plan, leaves_, parts, READ_AHEAD_BYTES))
+        for k, sizes in head_sizes.items():
+            leaf = plan.leaves[k]
+            held = sum(updater.head_bytes(plan, leaf, n) for n in sizes)
+            need += (2 if blocks[k] else 1) * held
         engine = updater.engine
         if engine.pool_bytes < need:
             engine = dataclasses.replace(engine, pool_bytes=need)
@@ -298,14 +309,62 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
             )
         names = list(entries)  # the optimizer's entries, then the parameters', then RAM's
         names = names[:n_opt] + names[-1:]
-        lay = _Layout(plan, blocks, num_layers, names, store_of, fids, offs, store, pentries, calls)
+        lay = _Layout(
+            plan,
+            blocks,
+            num_layers,
+            names,
+            store_of,
+            fids,
+            offs,
+            store,
+            pentries,
+            calls,
+            head_sizes,
+        )
         _layouts[updater] = lay
         return lay
 
 
-def _head_elems(leaf, parts: int) -> int:
-    """Elements of the first chunk of one of ``parts`` equal parts of ``leaf``."""
-    return min(leaf.chunk_elems, leaf.size // parts)
+# Bytes of optimizer state read ahead of one layer's update (and, separately, of the other
+# leaves' updates): the leading chunks of its tensors, read while the layer above is
+# differentiated. A layer whose state fits is read whole before its update starts; a larger
+# one has its first chunks read ahead and the rest in its update's pipeline. Staging holds
+# two layers' worth at once (one being taken, the next one issued). Set it before
+# `fuyou_init` (or `fuyou_restore`): the store's staging is sized then.
+READ_AHEAD_BYTES = 128 << 20
+
+
+def _read_ahead(updater, plan, leaves, parts: int, budget: int) -> dict[int, list[int]]:
+    """Per leaf of ``leaves`` (one group: a layer's block leaves, or the other leaves) with
+    paged tensors, the sizes of the leading chunks of one of its ``parts`` equal parts to read
+    ahead: every leaf's first chunk, then each leaf's next chunk in turn while the group's
+    reads stay within ``budget`` bytes."""
+    chunks = {}
+    for leaf in leaves:
+        if leaf.entries:
+            n_full, tail = divmod(leaf.size // parts, leaf.chunk_elems)
+            chunks[leaf.index] = [leaf.chunk_elems] * n_full + ([tail] if tail else [])
+
+    def nbytes(k: int, n: int) -> int:  # what the reads of n elements of leaf k transfer
+        sizes = (n * plan.entries[e].storage.itemsize for e in plan.leaves[k].entries)
+        return sum(-(-b // 4096) * 4096 for b in sizes)
+
+    taken = {k: c[:1] for k, c in chunks.items()}
+    used = sum(nbytes(k, n) for k, c in taken.items() for n in c)
+    while True:
+        grew = False
+        for k, c in chunks.items():
+            i = len(taken[k])
+            if i < len(c):
+                cost = nbytes(k, c[i])
+                if used + cost > budget:
+                    return taken
+                taken[k].append(c[i])
+                used += cost
+                grew = True
+        if not grew:
+            return taken
 
 
 def _layer_chunks(lay: _Layout, leaf) -> tuple[int, int]:
@@ -619,7 +678,7 @@ def make_fuyou_step(
                 for k, f, o in zip(leaf.entries, fids, offs, strict=True)
             ]
 
-        def update_leaf(leaf, g, p, head, crcs, fids, offs, tok):
+        def update_leaf(leaf, g, p, heads, crcs, fids, offs, tok):
             ios = leaf_ios(leaf, fids, offs)
             return updater.update_leaf(
                 lay.table,
@@ -633,24 +692,24 @@ def make_fuyou_step(
                 read_slot,
                 tok,
                 extra={},
-                head=head,
+                heads=heads,
             )
 
         def prefetch_heads(leaves_, crcs, fids, offs):
-            """Tickets of the first chunk of every entry of ``leaves_`` (of one layer, for
-            block leaves), for `update_leaf`'s ``head``: issued a layer ahead of the update,
-            so that its reads are not waited for (in order, after no write of this step:
-            nothing reads what this step writes)."""
+            """Tickets of the leading chunks (`_read_ahead`) of every entry of ``leaves_`` (of
+            one layer, for block leaves), for `update_leaf`'s ``heads``: issued a layer ahead
+            of the update, so that its reads are not waited for (in order, after no write of
+            this step: nothing reads what this step writes)."""
             tok, heads = new_token(), []
             for leaf, c, f, o in zip(leaves_, crcs, fids, offs, strict=True):
-                if not leaf.entries:
+                sizes = lay.head_sizes.get(leaf.index)
+                if not sizes:
                     heads.append(None)
                     continue
-                parts = lay.num_layers if lay.blocks[leaf.index] else 1
-                n0 = _head_elems(leaf, parts)
-                t = updater.prefetch_head(lay.table, leaf_ios(leaf, f, o), c, read_slot, n0, tok)
+                ios = leaf_ios(leaf, f, o)
+                t = updater.prefetch_chunks(lay.table, ios, c, read_slot, sizes, tok)
                 heads.append(t)
-                tok = t[-1]
+                tok = t[-1][-1]
             return heads
 
         bleaves = [plan.leaves[i] for i in bidx]
@@ -696,8 +755,9 @@ def make_fuyou_step(
         # read of the stack follows every write and XLA needs no copy of it to keep an old
         # value. The top layer is differentiated before the scan, layer 0 updated after it.
         tables = (per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
-        # Reads a layer ahead: the first chunk of every paged tensor of the layer updated
-        # next is prefetched one scan step before its update (in the step that
+        # Reads a layer ahead: the leading chunks (`_read_ahead`: all of them when the
+        # layer's state fits READ_AHEAD_BYTES) of every paged tensor of the layer updated
+        # next are prefetched one scan step before its update (in the step that
         # differentiates it), so the update takes chunks already in staging; the top
         # layer's and the other leaves' are prefetched now, before the backward pass.
         rleaves = [plan.leaves[i] for i in ridx]

@@ -179,7 +179,7 @@ def backward(
     ``tables``: per block leaf, the optimizer entries' ``(crcs, fids, offs)`` (``[L, ...]``);
     ``vjp_layer(layer, h_in, gh) -> (g_layer, gh)``; ``update(g, layer, heads, crcs, fids,
     offs, tok) -> (new_layer, crcs, squares, tok)``; ``heads_of(crcs, fids, offs)`` (one
-    layer's tables) prefetches the first chunks of that layer's optimizer state, issued in
+    layer's tables) prefetches the leading chunks of that layer's optimizer state, issued in
     the scan step before its update; ``top_heads``: those of the top layer, issued before;
     ``tok``: what the first write follows.
 
