@@ -46,10 +46,12 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 """
 
 import argparse
+import atexit
 import contextlib
 import functools
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -127,6 +129,7 @@ def main():
     x = jax.random.randint(jax.random.key(0), (a.batch, a.seq + 1), 0, 256)
     inputs, targets = x[:, :-1], x[:, 1:]
     root = tempfile.mkdtemp(prefix="fuyou_bench_")
+    atexit.register(shutil.rmtree, root, True)  # the stores (GBs for larger models), on any exit
     runs, txs = {}, []
     for name in variants:
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
@@ -200,6 +203,7 @@ def main():
     for tx in txs:
         tx.close()
     replays = [replay_io(f"{root}/fuyou", 4) for _ in range(a.io_reps)]
+    shutil.rmtree(root, ignore_errors=True)
     io = statistics.median(r["io_s"] for r in replays)
     io_cpu = statistics.median(r["cpu_s"] for r in replays)
     med = {n: statistics.median(runs[n]["times"]) for n in variants}
