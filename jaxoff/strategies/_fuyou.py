@@ -21,10 +21,12 @@ takes it (the tickets cross the scan's carry): the whole layer when it fits
 ``READ_AHEAD_BYTES`` (128 MiB), else the leading chunks of every tensor that fit, the rest
 read by the update's own pipeline. The store commit runs behind the next step
 (``PageStore.commit(background=True)``). On the
-2-core CPU this project is measured on, the step is 0.87-1.12 times the sequential paged one
-and 1.16 times its bound at batch 4, the median of three runs (``bench/fuyou.py``,
-``docs/strategies.md``): the update's own CPU work competes with the matmuls for the same two
-cores, and XLA's CPU runtime runs a scan body's update after its matmuls. The paper runs the
+2-core CPU this project is measured on (``bench/fuyou.py``, ``docs/strategies.md``; medians of
+three runs), the step of ``medium`` (304M) at batch 1 is 1.03 times its bound
+max(compute-only, pure I/O) and 0.72 times the sequential paged one. On ``mini`` (3.4M) it is
+1.16 times its bound at batch 4: the update's own CPU work, many small calls, competes with
+the matmuls for the same two cores, and XLA's CPU runtime runs a scan body's update after its
+matmuls. The paper runs the
 update on the host CPU while the GPU computes.
 Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
 choice of how much to swap; activations stay on the device (each block's input, the block
