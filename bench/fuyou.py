@@ -144,7 +144,7 @@ def main():
             if name in ("fuyou", "fuyou_fsync_each", "fuyou_first_chunk"):
                 # the staging and the chunks read ahead are laid out by fuyou_init
                 first_only = name == "fuyou_first_chunk"
-                with _read_ahead(1 if first_only else fuyou_module.READ_AHEAD_BYTES):
+                with _read_ahead(1) if first_only else contextlib.nullcontext():
                     opt = fuyou_init(cfg, tx, params)
                 fn = make_fuyou_step(graphdef, cfg, tx)
                 if name == "fuyou_fsync_each":

@@ -47,6 +47,7 @@ from jaxoff.optim._paged import (
     prefetch_bytes,
     ram_bytes,
     ram_bytes_np,
+    read_bytes,
     unpack_crcs,
 )
 from jaxoff.optim._pipeline import EntryIO, page_leaf, prefetch_chunk
@@ -155,6 +156,11 @@ class ChunkUpdater:
         """Staging that `prefetch_head` of ``n`` elements of ``leaf`` holds until taken (add
         it to ``split_phase_bytes`` for every head in flight at once)."""
         return prefetch_bytes(plan, leaf, n)
+
+    def read_bytes(self, plan: Plan, leaf: LeafPlan, n: int) -> int:
+        """Bytes that the reads of ``n`` elements of every paged tensor of ``leaf`` transfer
+        (each rounded up to the 4 KiB alignment of direct I/O)."""
+        return read_bytes(plan, leaf, n)
 
     # ------------------------------------------------------------------ init
 

@@ -161,14 +161,18 @@ def _is_concrete(tree) -> bool:
     return not isinstance(jnp.zeros((), jnp.int32), jax.core.Tracer)
 
 
+def read_bytes(plan: Plan, leaf: LeafPlan, n: int) -> int:
+    """Bytes that reads of ``n`` elements of every paged tensor of ``leaf`` transfer: each
+    read's size rounded up to ``ALIGN`` (O_DIRECT transfers and staging buffers are 4 KiB
+    aligned)."""
+    return sum(-(-n * plan.entries[k].storage.itemsize // ALIGN) * ALIGN for k in leaf.entries)
+
+
 def prefetch_bytes(plan: Plan, leaf: LeafPlan, n: int) -> int:
     """Staging that a prefetch of ``n`` elements of every paged tensor of ``leaf`` may hold
-    until it is taken: each read counted twice its size rounded up to ``ALIGN`` (staging
-    buffers, like O_DIRECT transfers, are 4 KiB-aligned, and staging may serve a request with
-    a cached buffer up to twice as large; a prefetch that finds no room is refused)."""
-    return sum(
-        2 * (-(-n * plan.entries[k].storage.itemsize // ALIGN) * ALIGN) for k in leaf.entries
-    )
+    until it is taken: each read counted twice its `read_bytes` (staging may serve a request
+    with a cached buffer up to twice as large; a prefetch that finds no room is refused)."""
+    return 2 * read_bytes(plan, leaf, n)
 
 
 class Pager:

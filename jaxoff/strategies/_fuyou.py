@@ -345,12 +345,11 @@ def _read_ahead(updater, plan, leaves, parts: int, budget: int) -> dict[int, lis
     chunks = {}
     for leaf in leaves:
         if leaf.entries:
-            n_full, tail = divmod(leaf.size // parts, leaf.chunk_elems)
+            n_full, tail = _part_chunks(leaf, parts)
             chunks[leaf.index] = [leaf.chunk_elems] * n_full + ([tail] if tail else [])
 
-    def nbytes(k: int, n: int) -> int:  # what the reads of n elements of leaf k transfer
-        sizes = (n * plan.entries[e].storage.itemsize for e in plan.leaves[k].entries)
-        return sum(-(-b // 4096) * 4096 for b in sizes)
+    def nbytes(k: int, n: int) -> int:
+        return updater.read_bytes(plan, plan.leaves[k], n)
 
     taken = {k: c[:1] for k, c in chunks.items()}
     used = sum(nbytes(k, n) for k, c in taken.items() for n in c)
@@ -369,10 +368,14 @@ def _read_ahead(updater, plan, leaves, parts: int, budget: int) -> dict[int, lis
             return taken
 
 
+def _part_chunks(leaf, parts: int) -> tuple[int, int]:
+    """``(n_full, tail)`` of one of ``parts`` equal parts of ``leaf``."""
+    return divmod(leaf.size // parts, leaf.chunk_elems)
+
+
 def _layer_chunks(lay: _Layout, leaf) -> tuple[int, int]:
     """``(n_full, tail)`` of one layer's slice of a stacked leaf, or of a whole other leaf."""
-    size = leaf.size // lay.num_layers if lay.blocks[leaf.index] else leaf.size
-    return size // leaf.chunk_elems, size % leaf.chunk_elems
+    return _part_chunks(leaf, lay.num_layers if lay.blocks[leaf.index] else 1)
 
 
 def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouState:
