@@ -232,9 +232,12 @@ def run_probe(
     slots: int = 2,
     warmup_steps: int = 3,
     data: str = "corpus",
+    pure_io_reps: int = 0,
 ) -> dict:
     """Builds the model of ``mode``, runs ``steps`` train steps in this process; returns the
-    record (without peak RSS, which the parent takes from ``wait4``)."""
+    record (without peak RSS, which the parent takes from ``wait4``). ``pure_io_reps``: a
+    paged mode's store is then replayed that many times without compute (every chunk read
+    and written back, ``bench/paged_step.py``'s ``replay_io``), times in ``pure_io_s``."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -387,6 +390,14 @@ def run_probe(
     finally:
         if hasattr(tx, "close"):
             tx.close()
+    if pure_io_reps and mode in PAGED_MODES and len(times) == steps:
+        from paged_step import replay_io
+
+        phase("pure I/O")
+        replays = [replay_io(store_dir, 4) for _ in range(pure_io_reps)]
+        rec["pure_io_s"] = [r["io_s"] for r in replays]
+        rec["pure_io_cpu_s"] = [r["cpu_s"] for r in replays]
+        rec["pure_io_read_gb"] = replays[0]["read_gb"]
     rec.update(losses=losses, step_s=times, loss_finite=all(map(math.isfinite, losses)))
     rec.update(data=data, lr=float(lr(steps)), warmup_steps=warmup_steps)
     if passes and len(losses) == steps:
@@ -436,6 +447,7 @@ def child_main(a: argparse.Namespace) -> None:
             slots=a.slots,
             warmup_steps=a.warmup_steps,
             data=a.data,
+            pure_io_reps=a.pure_io_reps,
         )
         rec["status"] = "ok"
     except BaseException as e:  # report any crash as the probe's outcome
@@ -467,6 +479,7 @@ def probe(
     lr: float = 1e-4,
     warmup_steps: int = 3,
     data: str = "corpus",
+    pure_io_reps: int = 0,
 ) -> dict:
     """Runs one probe in a child process and returns its record (see the module doc).
 
@@ -540,6 +553,8 @@ def probe(
         str(warmup_steps),
         "--data",
         data,
+        "--pure-io-reps",
+        str(pure_io_reps),
     ]
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
@@ -781,6 +796,7 @@ def main(argv=None) -> None:
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--pure-io-reps", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         return child_main(a)

@@ -58,18 +58,28 @@ class Args:
 
 def replay_io(root: str, window: int) -> dict:
     """Reads every chunk of the store at ``root`` from its committed slot and writes it to
-    the other slot (no commit), ``window`` chunks in flight, through an engine configured
-    as the paged optimizer's (O_DIRECT). Returns seconds, the CPU seconds of all this
-    process's threads (the engine's included) and bytes."""
+    the other slot (no commit; a single-slot store: back in place), ``window`` chunks in
+    flight, through an engine configured as the paged optimizer's (O_DIRECT). Returns
+    seconds, the CPU seconds of all this process's threads (the engine's included) and
+    bytes. Memory: ``2 * window + 2`` chunk buffers, reused (a chunk's buffer is taken
+    again only after its write has completed), so a store larger than RAM replays too."""
     store = PageStore.open(root)
     try:
         paths = store.file_table()
         src, dst = store.chunk_table(store.active_slot), store.chunk_table(store.inactive_slot)
         engine = Engine(DEFAULT_ENGINE)
         n = len(src["offset"])
-        bufs = [np.empty(int(src["padded_nbytes"][i]), np.uint8) for i in range(n)]
+        # chunk nxt's read is issued once nxt < i + window, when at most window + 1 writes
+        # (of chunks >= i - window - 1) are in flight: the buffer of chunk nxt - ring is free
+        ring = min(n, 2 * window + 2)
+        size = int(max(src["padded_nbytes"], default=0))
+        bufs = [np.empty(size, np.uint8) for _ in range(ring)]
         for b in bufs:  # touched before timing: a step's staging is faulted in long before
             b.fill(0)
+
+        def buf(i):
+            return bufs[i % ring][: int(src["padded_nbytes"][i])]
+
         t0, c0 = time.perf_counter(), time.process_time()
         reads = {}
         writes = []
@@ -77,11 +87,11 @@ def replay_io(root: str, window: int) -> dict:
         for i in range(n):
             while nxt < n and nxt < i + window:
                 path = paths[int(src["file_id"][nxt])]
-                reads[nxt] = engine.read_into(path, int(src["offset"][nxt]), bufs[nxt])
+                reads[nxt] = engine.read_into(path, int(src["offset"][nxt]), buf(nxt))
                 nxt += 1
             reads.pop(i).result()
             writes.append(
-                engine.write(paths[int(dst["file_id"][i])], int(dst["offset"][i]), bufs[i])
+                engine.write(paths[int(dst["file_id"][i])], int(dst["offset"][i]), buf(i))
             )
             while len(writes) > window:
                 writes.pop(0).result()
