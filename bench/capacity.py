@@ -233,11 +233,13 @@ def run_probe(
     warmup_steps: int = 3,
     data: str = "corpus",
     pure_io_reps: int = 0,
+    read_ahead_mib: int | None = None,
 ) -> dict:
     """Builds the model of ``mode``, runs ``steps`` train steps in this process; returns the
     record (without peak RSS, which the parent takes from ``wait4``). ``pure_io_reps``: a
     paged mode's store is then replayed that many times without compute (every chunk read
-    and written back, ``bench/paged_step.py``'s ``replay_io``), times in ``pure_io_s``."""
+    and written back, ``bench/paged_step.py``'s ``replay_io``), times in ``pure_io_s``.
+    ``read_ahead_mib``: the fuyou modes' ``read_ahead_bytes`` (None: the library's default)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -271,6 +273,7 @@ def run_probe(
         if warmup_steps
         else optax.constant_schedule(lr)
     )
+    read_ahead = None if read_ahead_mib is None else read_ahead_mib << 20
     n = sum(x.size for x in jax.tree.leaves(params))
     assert n == rec["params"], (n, rec["params"])
 
@@ -316,10 +319,11 @@ def run_probe(
     elif mode == "fuyou":
         from jaxoff.optim import paged
         from jaxoff.step import TrainState
-        from jaxoff.strategies._fuyou import blocks_to_bits, fuyou_init, make_fuyou_step
+        from jaxoff.strategies._fuyou import _layout, blocks_to_bits, fuyou_init, make_fuyou_step
 
         tx = paged(optax.adamw(lr), store_dir, slots=slots)
-        opt = fuyou_init(cfg, tx, params)
+        opt = fuyou_init(cfg, tx, params, read_ahead_bytes=read_ahead)
+        rec["read_ahead_bytes"] = _layout(tx, params).read_ahead_bytes
         params = blocks_to_bits(params)  # in place: the arrays are donated
         state = TrainState(jnp.zeros((), jnp.int32), params, opt)
         fuyou_step = make_fuyou_step(graphdef, cfg, tx, blocks_as_bits=True)
@@ -334,7 +338,7 @@ def run_probe(
         from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, make_fuyou_step
 
         tx = paged(optax.adamw(lr), store_dir, slots=slots)
-        opt = fuyou_init(cfg, tx, params, page_params=True)  # layer by layer
+        opt = fuyou_init(cfg, tx, params, page_params=True, read_ahead_bytes=read_ahead)
         state = TrainState(jnp.zeros((), jnp.int32), fuyou_resident(params), opt)
         fuyou_step = make_fuyou_step(graphdef, cfg, tx, page_params=True)
 
@@ -448,6 +452,7 @@ def child_main(a: argparse.Namespace) -> None:
             warmup_steps=a.warmup_steps,
             data=a.data,
             pure_io_reps=a.pure_io_reps,
+            read_ahead_mib=a.read_ahead_mib,
         )
         rec["status"] = "ok"
     except BaseException as e:  # report any crash as the probe's outcome
@@ -480,6 +485,7 @@ def probe(
     warmup_steps: int = 3,
     data: str = "corpus",
     pure_io_reps: int = 0,
+    read_ahead_mib: int | None = None,
 ) -> dict:
     """Runs one probe in a child process and returns its record (see the module doc).
 
@@ -555,7 +561,7 @@ def probe(
         data,
         "--pure-io-reps",
         str(pure_io_reps),
-    ]
+    ] + ([] if read_ahead_mib is None else ["--read-ahead-mib", str(read_ahead_mib)])
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
@@ -797,6 +803,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--pure-io-reps", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--read-ahead-mib", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         return child_main(a)

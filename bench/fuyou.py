@@ -14,7 +14,7 @@ medians over all steps):
   of one ``syncfs`` of the filesystem (``--fsync-each``; prints fuyou / fuyou_fsync_each);
 * **fuyou_first_chunk**: fuyou reading only the first chunk of each tensor a layer ahead of
   its update, the rest in the update's own pipeline (``--first-chunk-only``; the read-ahead
-  before ``READ_AHEAD_BYTES``; prints fuyou / fuyou_first_chunk);
+  before ``read_ahead_bytes``; prints fuyou / fuyou_first_chunk);
 * **fuyou_nvme**: fuyou with the block parameters in the page store too
   (``page_params=True``: read a layer ahead in forward and backward, written by the update);
 * **pure I/O**: fuyou's store read from its committed slot and written to the other one,
@@ -47,7 +47,6 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 
 import argparse
 import atexit
-import contextlib
 import functools
 import json
 import os
@@ -69,22 +68,11 @@ from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import fused_adamw, paged
 from jaxoff.step import TrainState, make_train_step
-from jaxoff.strategies import _fuyou as fuyou_module
 from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, make_fuyou_step
 
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}
 WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
-
-
-@contextlib.contextmanager
-def _read_ahead(nbytes: int):
-    saved = fuyou_module.READ_AHEAD_BYTES
-    fuyou_module.READ_AHEAD_BYTES = nbytes
-    try:
-        yield
-    finally:
-        fuyou_module.READ_AHEAD_BYTES = saved
 
 
 def _sync_commit(store, crcs=None, background=False):
@@ -113,7 +101,7 @@ def main():
         "--first-chunk-only",
         action="store_true",
         help="add fuyou_first_chunk: fuyou reading only each tensor's first chunk a layer "
-        "ahead (READ_AHEAD_BYTES = 1)",
+        "ahead (fuyou_init(..., read_ahead_bytes=0))",
     )
     ap.add_argument(
         "--optimizer",
@@ -143,9 +131,8 @@ def main():
             txs.append(tx)
             if name in ("fuyou", "fuyou_fsync_each", "fuyou_first_chunk"):
                 # the staging and the chunks read ahead are laid out by fuyou_init
-                first_only = name == "fuyou_first_chunk"
-                with _read_ahead(1) if first_only else contextlib.nullcontext():
-                    opt = fuyou_init(cfg, tx, params)
+                read_ahead = 0 if name == "fuyou_first_chunk" else None
+                opt = fuyou_init(cfg, tx, params, read_ahead_bytes=read_ahead)
                 fn = make_fuyou_step(graphdef, cfg, tx)
                 if name == "fuyou_fsync_each":
                     files = tx.pager.store._files

@@ -14,8 +14,10 @@ state is several times RAM. So the bound ``max(compute-only, pure I/O)`` is take
   The fit's largest relative residual is printed and stored.
 
 At the largest compute depth Fuyou and pure I/O are measured too, so one ratio there needs no
-extrapolation. Every probe is a child process of ``bench/capacity.py`` (its own peak RSS); step
-times are the medians of the steps after the first.
+extrapolation; ``--baseline-read-ahead-mib`` adds Fuyou probes there with other read-ahead
+budgets (``fuyou_init(..., read_ahead_bytes=...)``; ``--read-ahead-mib`` sets the measured
+one, default the library's). Every probe is a child process of ``bench/capacity.py`` (its
+own peak RSS); step times are the medians of the steps after the first.
 
     python bench/fuyou_capacity.py --layers 120 --json bench/results/fuyou_bound_capacity.json
 """
@@ -66,6 +68,16 @@ def main() -> None:
     ap.add_argument("--store-dir", default=None)
     ap.add_argument("--disk-reserve-gib", type=float, default=4.0)
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="per probe")
+    ap.add_argument(
+        "--read-ahead-mib", type=int, default=None, help="Fuyou's (default: the library's)"
+    )
+    ap.add_argument(
+        "--baseline-read-ahead-mib",
+        type=int,
+        nargs="*",
+        default=[],
+        help="more Fuyou probes at the largest compute depth, with these read-ahead budgets",
+    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     root = a.store_dir or tempfile.gettempdir()
@@ -110,8 +122,13 @@ def main() -> None:
 
     compute = {n: _median_after_first(run("plain-bf16", n, a.small_steps)) for n in depths}
     small = depths[-1]
-    small_rec = run("fuyou", small, a.small_steps, slots=1, pure_io_reps=a.io_reps)
-    big_rec = run("fuyou", layers, a.steps, slots=1, pure_io_reps=a.io_reps)
+    ra = dict(read_ahead_mib=a.read_ahead_mib)
+    small_rec = run("fuyou", small, a.small_steps, slots=1, pure_io_reps=a.io_reps, **ra)
+    baselines = {
+        mib: _median_after_first(run("fuyou", small, a.small_steps, slots=1, read_ahead_mib=mib))
+        for mib in a.baseline_read_ahead_mib
+    }
+    big_rec = run("fuyou", layers, a.steps, slots=1, pure_io_reps=a.io_reps, **ra)
 
     slope, icpt = np.polyfit(depths, [compute[n] for n in depths], 1)
     resid = max(abs(icpt + slope * n - compute[n]) / compute[n] for n in depths)
@@ -127,6 +144,7 @@ def main() -> None:
             "fuyou_over_bound": fuyou_s / max(compute_s, io),
             "io_hidden": min(1.0, max(0.0, 1.0 - (fuyou_s - compute_s) / io)),
             "pure_io_read_gb": rec["pure_io_read_gb"],
+            "read_ahead_bytes": rec.get("read_ahead_bytes"),
         }
 
     summary = {
@@ -151,6 +169,9 @@ def main() -> None:
         },
         "disk_cap_layers": cap,
     }
+    for mib, t in baselines.items():
+        summary["small"][f"fuyou_over_read_ahead_{mib}_mib"] = summary["small"]["fuyou_s"] / t
+        summary["small"][f"fuyou_read_ahead_{mib}_mib_s"] = t
     print(
         f"\ncompute-only: {slope:.3f} s/layer + {icpt:.3f} s (fit over {depths}, largest "
         f"residual {100 * resid:.1f}%)"
@@ -164,6 +185,11 @@ def main() -> None:
             f"{s['pure_io_s']:.2f} s ({s['pure_io_read_gb']:.1f} GB each way); fuyou / bound "
             f"{s['fuyou_over_bound']:.3f}, I/O hidden {100 * s['io_hidden']:.0f}%, "
             f"compute / I/O {s['compute_over_io']:.2f}"
+        )
+    for mib in baselines:
+        print(
+            f"   small: fuyou / fuyou reading {mib} MiB ahead = "
+            f"{summary['small'][f'fuyou_over_read_ahead_{mib}_mib']:.3f}"
         )
     if a.json:
         doc = {

@@ -59,6 +59,14 @@ CASES = [
     (["train", "--model", "tiny", "--token-dtype", "uint7"], ["--token-dtype"]),
     (["train", "--model", "tiny", "--store-slots", "3"], ["--store-slots must be 2"]),
     (["train", "--model", "tiny", "--page-params"], ["--page-params", "add --fuyou"]),
+    (
+        ["train", "--model", "tiny", "--fuyou-read-ahead-mib", "4"],
+        ["--fuyou-read-ahead-mib", "add --fuyou"],
+    ),
+    (
+        ["train", "--model", "tiny", "--fuyou", "--clip-norm", "0", "--fuyou-read-ahead-mib", "-1"],
+        ["--fuyou-read-ahead-mib must be >= 0", "got -1"],
+    ),
     (["train", "--model", "tiny", "--fuyou"], ["--fuyou", "global gradient norm", "--clip-norm 0"]),
     (
         ["train", "--model", "tiny", "--fuyou", "--clip-norm", "0", "--store", "none"],

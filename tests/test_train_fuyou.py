@@ -14,6 +14,8 @@ import json
 import numpy as np
 import pytest
 
+from jaxoff.strategies import _fuyou
+from jaxoff.strategies._fuyou import default_read_ahead_bytes
 from jaxoff.train import TrainConfig, train
 
 # each block recomputed in backward, as Fuyou's step does: the reference's arithmetic is then
@@ -71,10 +73,32 @@ def _final_params(cfg) -> dict:
     return out
 
 
-def test_fuyou_trainer_is_bitwise_the_sequential_paged_trainer(tmp_path):
+def _spy_read_ahead(monkeypatch) -> list[int]:
+    """The read-ahead budgets Fuyou's store layouts are made with, from now on."""
+    budgets, real = [], _fuyou._read_ahead
+
+    def spy(updater, plan, leaves, parts, budget):
+        budgets.append(budget)
+        return real(updater, plan, leaves, parts, budget)
+
+    monkeypatch.setattr(_fuyou, "_read_ahead", spy)
+    return budgets
+
+
+def test_fuyou_trainer_is_bitwise_the_sequential_paged_trainer(tmp_path, monkeypatch):
     seq = train(_config(tmp_path, "seq"))
+    budgets = _spy_read_ahead(monkeypatch)
     fuyou = train(_config(tmp_path, "fuyou", fuyou=True))
-    nvme = train(_config(tmp_path, "nvme", fuyou=True, page_params=True, store_slots=1))
+    assert set(budgets) == {default_read_ahead_bytes()}
+    budgets.clear()
+    # --fuyou-read-ahead-mib 0: each tensor's first chunk read ahead (here a layer's tensors
+    # are a chunk each: the same reads); the store's layout is made with it
+    nvme = train(
+        _config(
+            tmp_path, "nvme", fuyou=True, page_params=True, store_slots=1, fuyou_read_ahead_mib=0
+        )
+    )
+    assert set(budgets) == {0}
     assert len(seq.losses) == 6 and np.mean(seq.losses[-2:]) < seq.losses[0]
     assert fuyou.losses == seq.losses  # bitwise: float equality
     assert nvme.losses == seq.losses
@@ -140,3 +164,15 @@ def test_fuyou_options_cannot_change_on_resume(tmp_path):
         train(dataclasses.replace(cfg, fuyou=False, resume=True))
     with pytest.raises(ValueError, match="page_params"):
         train(dataclasses.replace(cfg, page_params=True, resume=True))
+
+
+def test_fuyou_read_ahead_may_change_on_resume(tmp_path, monkeypatch):
+    cfg = _config(tmp_path, "run", fuyou=True, steps=3, eval_every=0)
+    full = train(dataclasses.replace(cfg, out_dir=tmp_path / "full"))
+    train(dataclasses.replace(cfg, stop_at=2))
+    budgets = _spy_read_ahead(monkeypatch)
+    # how far reads run ahead is not what the step computes: the resumed run restores the
+    # store with the new budget and continues bitwise
+    resumed = train(dataclasses.replace(cfg, fuyou_read_ahead_mib=1, resume=True))
+    assert set(budgets) == {1 << 20}
+    assert resumed.first_step == 2 and resumed.losses == full.losses[2:]

@@ -43,6 +43,20 @@ class EntryIO:
     storage: np.dtype
 
 
+def _as_bits(x: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type(x, jnp.dtype(f"uint{x.dtype.itemsize * 8}"))
+
+
+def _bits_out(compute: Callable, dtype) -> Callable:
+    """``compute`` with its output chunk cast to ``dtype`` and given as its bits."""
+
+    def bits_compute(i, n, chunks):
+        out_chunk, new = compute(i, n, chunks)
+        return _as_bits(out_chunk.astype(dtype)), new
+
+    return bits_compute
+
+
 def page_leaf(
     table: str,
     ios: list[EntryIO],
@@ -85,6 +99,17 @@ def page_leaf(
     crcs_out = [jnp.zeros((num,), jnp.uint32) for _ in ios]
     if num == 0:
         return out, crcs_out, token
+    dtype = out.dtype
+    if dtype.itemsize == 2 and jnp.issubdtype(dtype, jnp.floating):
+        # The output buffer is carried as its bits: XLA's CPU backend upcasts bfloat16 ops to
+        # float32, and a bfloat16 dynamic-update-slice of a chunk became a conversion of the
+        # whole leaf to float32 and back for every chunk (see _paged._slice_bits).
+        out, compute = _as_bits(out), _bits_out(compute, dtype)
+        got, crcs, token = page_leaf(
+            table, ios, crcs_in, read_slot, chunk_elems, n_full, tail, out, compute, token,
+            split_phase=split_phase, head=head,
+        )  # fmt: skip
+        return lax.bitcast_convert_type(got, dtype), crcs, token
 
     def size(i):
         return chunk_elems if i < n_full else tail

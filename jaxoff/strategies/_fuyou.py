@@ -18,9 +18,9 @@ program), so the update's reads, arithmetic and writes may run while layer ``j``
 do; ``jaxoff_page_take`` hands XLA's thread back while a read is in flight. Layer ``j``'s
 optimizer state is read in the step that differentiates layer ``j``, a step before its update
 takes it (the tickets cross the scan's carry): the whole layer when it fits
-``READ_AHEAD_BYTES`` (128 MiB), else the leading chunks of every tensor that fit, the rest
-read by the update's own pipeline. The store commit runs behind the next step
-(``PageStore.commit(background=True)``). On the
+``fuyou_init``'s ``read_ahead_bytes`` (default 128 MiB or 1/32 of RAM), else the leading
+chunks of every tensor that fit, the rest read by the update's own pipeline. The store commit
+runs behind the next step (``PageStore.commit(background=True)``). On the
 2-core CPU this project is measured on (``bench/fuyou.py``, ``docs/strategies.md``; medians of
 three runs), the step of ``medium`` (304M) at batch 1 is 1.03 times its bound
 max(compute-only, pure I/O) and 0.72 times the sequential paged one. On ``mini`` (3.4M) it is
@@ -148,6 +148,7 @@ class _Layout:
     # per plan leaf with paged tensors: the sizes (elements) of the leading chunks of its
     # part (a layer's slice, or the whole leaf) read ahead of its update (`_read_ahead`)
     head_sizes: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    read_ahead_bytes: int = 0  # the budget head_sizes were chosen within
 
     @property
     def table(self) -> str:
@@ -204,10 +205,31 @@ def _check_model(model_cfg) -> None:
         )
 
 
-def _layout(tx, params, page_params: bool = False) -> _Layout:
+def _check_read_ahead(read_ahead_bytes) -> int:
+    """``read_ahead_bytes`` (None: `default_read_ahead_bytes`) as a checked int."""
+    if read_ahead_bytes is None:
+        return default_read_ahead_bytes()
+    if (
+        isinstance(read_ahead_bytes, bool)
+        or not isinstance(read_ahead_bytes, (int, np.integer))
+        or read_ahead_bytes < 0
+    ):
+        raise ConfigError(
+            f"read_ahead_bytes={read_ahead_bytes!r}: give the bytes of optimizer state read "
+            "ahead of a layer's update as an int >= 0 (0 reads each tensor's first chunk "
+            f"only; None, the default, {default_read_ahead_bytes()} on this machine, reads a "
+            "layer whole when its state fits)"
+        )
+    return int(read_ahead_bytes)
+
+
+def _layout(tx, params, page_params: bool = False, read_ahead_bytes=None) -> _Layout:
     """The layout of ``params``' optimizer state (opens the store and registers its files);
-    with ``page_params``, the stacked block parameters' entries too."""
+    with ``page_params``, the stacked block parameters' entries too. ``read_ahead_bytes``
+    (None: what the layout was made with, else `default_read_ahead_bytes`): the budget of the
+    optimizer state read ahead of a layer's update, staged twice (see `_read_ahead`)."""
     updater = _updater(tx)
+    budget = None if read_ahead_bytes is None else _check_read_ahead(read_ahead_bytes)
     with _lock:
         lay = _layouts.get(updater)
         if lay is not None and not lay.store.closed:
@@ -217,7 +239,16 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
                     f"{'with' if lay.params else 'without'} paged parameters; use the same "
                     "page_params for fuyou_init and make_fuyou_step"
                 )
+            if budget is not None and budget != lay.read_ahead_bytes:
+                raise ConfigError(
+                    f"the fuyou store {updater.root} is open with read_ahead_bytes="
+                    f"{lay.read_ahead_bytes} (its staging is sized for it); to read "
+                    f"{budget} bytes ahead, close this optimizer (tx.close()) and pass "
+                    "read_ahead_bytes to fuyou_init or fuyou_restore with a new one"
+                )
             return lay
+        if budget is None:
+            budget = _check_read_ahead(None)
         flat = jax.tree_util.tree_flatten_with_path(params)[0]
         blocks = tuple(_is_block_path(p) for p, _ in flat)
         if not any(blocks):
@@ -268,7 +299,7 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
         for group in (True, False):
             leaves_ = [lf for lf in plan.leaves if blocks[lf.index] == group]
             parts = num_layers if group else 1
-            head_sizes.update(_read_ahead(updater, plan, leaves_, parts, READ_AHEAD_BYTES))
+            head_sizes.update(_read_ahead(updater, plan, leaves_, parts, budget))
         for k, sizes in head_sizes.items():
             leaf = plan.leaves[k]
             held = sum(updater.head_bytes(plan, leaf, n) for n in sizes)
@@ -323,18 +354,30 @@ def _layout(tx, params, page_params: bool = False) -> _Layout:
             pentries,
             calls,
             head_sizes,
+            budget,
         )
         _layouts[updater] = lay
         return lay
 
 
-# Bytes of optimizer state read ahead of one layer's update (and, separately, of the other
-# leaves' updates): the leading chunks of its tensors, read while the layer above is
-# differentiated. A layer whose state fits is read whole before its update starts; a larger
-# one has its first chunks read ahead and the rest in its update's pipeline. Staging holds
-# two layers' worth at once (one being taken, the next one issued). Set it before
-# `fuyou_init` (or `fuyou_restore`): the store's staging is sized then.
-READ_AHEAD_BYTES = 128 << 20
+# ``read_ahead_bytes`` of `fuyou_init` and `fuyou_restore`: bytes of optimizer state read
+# ahead of one layer's update (and, separately, of the other leaves' updates): the leading
+# chunks of its tensors, read while the layer above is differentiated. A layer whose state
+# fits is read whole before its update starts; a larger one has its first chunks read ahead
+# and the rest in its update's pipeline, after the layer's matmuls (on XLA's CPU runtime),
+# so that part of its I/O is not hidden. Staging holds two layers' worth at once (one being
+# taken, the next one issued), each read counted twice (see `prefetch_bytes`).
+READ_AHEAD_BYTES = 128 << 20  # the least default
+READ_AHEAD_RAM_FRACTION = 32  # the default is at most this fraction of RAM above the least
+
+
+def default_read_ahead_bytes() -> int:
+    """The default ``read_ahead_bytes``: ``max(READ_AHEAD_BYTES, RAM / 32)`` (768 MiB on a
+    24 GiB machine, a whole layer of a 50M-parameter block's AdamW state): the staging it may
+    hold, four times the budget, stays within an eighth of RAM."""
+    from jaxoff.plan._hardware import total_ram
+
+    return max(READ_AHEAD_BYTES, int(total_ram()) // READ_AHEAD_RAM_FRACTION)
 
 
 def _read_ahead(updater, plan, leaves, parts: int, budget: int) -> dict[int, list[int]]:
@@ -378,7 +421,9 @@ def _layer_chunks(lay: _Layout, leaf) -> tuple[int, int]:
     return _part_chunks(leaf, lay.num_layers if lay.blocks[leaf.index] else 1)
 
 
-def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouState:
+def fuyou_init(
+    model_cfg, tx, params, *, page_params: bool = False, read_ahead_bytes: int | None = None
+) -> FuyouState:
     """Writes the initial optimizer state of ``params`` to ``tx``'s store (version 1).
 
     Args:
@@ -392,13 +437,21 @@ def fuyou_init(model_cfg, tx, params, *, page_params: bool = False) -> FuyouStat
       page_params: write the stacked block parameters to the store too, for
         ``make_fuyou_step(..., page_params=True)``; the training state then holds
         `fuyou_resident` ``(params)`` instead of ``params``.
+      read_ahead_bytes: optimizer state read ahead of each layer's update, while the layer
+        above it is differentiated (default `default_read_ahead_bytes`: 128 MiB or 1/32 of
+        RAM, the larger): the whole layer when its state fits, else the leading chunks of
+        each of its tensors (the rest is read by the update, after the layer's matmuls, not
+        hidden). Staging may hold four times this (two layers in flight, each read counted
+        twice); lower it to bound memory, 0 reads each tensor's first chunk only. Fixed
+        while the store is open: a different value for the same ``tx`` raises
+        `ConfigError` (None keeps the one it was opened with).
 
     Returns:
       the `FuyouState` to put in ``TrainState.opt_state``.
     """
     _check_model(model_cfg)
     updater = _updater(tx)
-    lay = _layout(tx, params, page_params)
+    lay = _layout(tx, params, page_params, read_ahead_bytes)
     plan, store = lay.plan, lay.store
     with jax.ensure_compile_time_eval():
         ram = [np.asarray(x) for x in updater.ram_init(plan)]
@@ -507,9 +560,17 @@ def fuyou_save(tx, opt_state: FuyouState, directory) -> int:
     return copy_out(lay.store, directory)
 
 
-def fuyou_restore(model_cfg, tx, directory, *, page_params: bool = False) -> FuyouState:
+def fuyou_restore(
+    model_cfg,
+    tx,
+    directory,
+    *,
+    page_params: bool = False,
+    read_ahead_bytes: int | None = None,
+) -> FuyouState:
     """Writes a checkpoint of `fuyou_save` into ``tx``'s store (any directory) as its next
     version; returns the `FuyouState` that reads it (to use instead of `fuyou_init`).
+    ``page_params`` and ``read_ahead_bytes``: as for `fuyou_init`.
 
     Every chunk is checked against the checkpoint's checksums before it is written.
 
@@ -519,7 +580,7 @@ def fuyou_restore(model_cfg, tx, directory, *, page_params: bool = False) -> Fuy
         ``page_params``' state.
     """
     _check_model(model_cfg)
-    lay = _layout(tx, _abstract_params(model_cfg), page_params)
+    lay = _layout(tx, _abstract_params(model_cfg), page_params, read_ahead_bytes)
     want = {n: (e.shape, e.dtype) for n, e in lay.store.entries.items()}
     crcs, _ = copy_in(lay.store, lay.plan, directory, want=want)
     ram = ram_from_bytes(lay.plan, lay.store.read(RAM_ENTRY))
@@ -723,9 +784,16 @@ def make_fuyou_step(
             return [[table[k] for k in leaf.entries] for leaf in leaves_]
 
         def vjp_layer(layer, h_in, gh):
-            """The gradients of a layer's parameters and of its input."""
+            """The gradients of a layer's parameters (flat) and of its input.
+
+            Flat: a gradient is carried to the next scan step, whose update reads it as a flat
+            array. Carried in its own shape, XLA's CPU layout assignment gave a 2-D gradient
+            a column-major layout, and transposed it into row-major order twice (for the
+            squares and for the update), ~3x the time of that layer's matmuls at d = 2048.
+            """
             _, vjp = jax.vjp(block, layer, h_in)
-            return vjp(gh)
+            g_layer, gh = vjp(gh)
+            return [g.reshape(-1) for g in g_layer], gh
 
         def backward(blocks, j, h_in, gh):
             """Layer ``j``'s parameters, their gradients, and the gradient of its input."""
@@ -761,7 +829,7 @@ def make_fuyou_step(
         # value. The top layer is differentiated before the scan, layer 0 updated after it.
         tables = (per_leaf(opt.crcs), per_leaf(lay.fids), per_leaf(lay.offs))
         # Reads a layer ahead: the leading chunks (`_read_ahead`: all of them when the
-        # layer's state fits READ_AHEAD_BYTES) of every paged tensor of the layer updated
+        # layer's state fits the read-ahead budget) of every paged tensor of the layer updated
         # next are prefetched one scan step before its update (in the step that
         # differentiates it), so the update takes chunks already in staging; the top
         # layer's and the other leaves' are prefetched now, before the backward pass.

@@ -39,10 +39,11 @@ class Checkpoints:
     optimizer state is each process's own (FSDP with a paged optimizer), so orbax saves the
     step and the parameters only.
 
-    ``fuyou``: ``(model_cfg, page_params)`` of a run of Fuyou's step: the paged part is its
-    store's committed version (``fuyou_save``: the optimizer state, its RAM leaves, and with
-    ``page_params`` the block parameters), from which ``fuyou_restore`` rebuilds the whole
-    ``FuyouState``; orbax saves the step and the (resident) parameters only.
+    ``fuyou``: ``(model_cfg, page_params, read_ahead_bytes)`` of a run of Fuyou's step: the
+    paged part is its store's committed version (``fuyou_save``: the optimizer state, its RAM
+    leaves, and with ``page_params`` the block parameters), from which ``fuyou_restore``
+    rebuilds the whole ``FuyouState``; orbax saves the step and the (resident) parameters
+    only.
     """
 
     def __init__(
@@ -177,8 +178,14 @@ class Checkpoints:
             if self.fuyou is not None:
                 from ..strategies.fuyou import fuyou_restore
 
-                model_cfg, page_params = self.fuyou
-                return fuyou_restore(model_cfg, tx, directory, page_params=page_params)
+                model_cfg, page_params, read_ahead = self.fuyou
+                return fuyou_restore(
+                    model_cfg,
+                    tx,
+                    directory,
+                    page_params=page_params,
+                    read_ahead_bytes=read_ahead,
+                )
             return restore_paged(tx, directory, params)
         except PageStoreCorruptError as e:  # the working store was checked before: the copy
             raise CheckpointDamagedError(str(e).removeprefix("restore_paged: ")) from None

@@ -100,6 +100,11 @@ class TrainConfig:
             forward and in backward and written by its update, so RAM holds the embeddings,
             the head and a window of two layers instead of the model. Evaluation reads them
             from the store the same way.
+        fuyou_read_ahead_mib: with --fuyou, MiB of optimizer state read ahead of each layer's
+            update while the layer above it is differentiated: the whole layer when its state
+            fits, else the leading chunks of each of its tensors (the rest is read by the
+            update itself, not hidden). Staging may hold four times this; 0 reads each
+            tensor's first chunk only. Default: 128 MiB or 1/32 of RAM, the larger.
     """
 
     model: str = "mini"
@@ -138,6 +143,7 @@ class TrainConfig:
     fsdp: int = 1
     fuyou: bool = False
     page_params: bool = False
+    fuyou_read_ahead_mib: int | None = None
     compile_cache: str = "auto"
 
     def validate(self) -> TrainConfig:
@@ -223,6 +229,17 @@ class TrainConfig:
             raise ConfigError(
                 "--page-params pages the block parameters through Fuyou's step: add --fuyou"
             )
+        if self.fuyou_read_ahead_mib is not None and not self.fuyou:
+            raise ConfigError(
+                "--fuyou-read-ahead-mib sets what Fuyou's step reads ahead of each layer's "
+                "update: add --fuyou, or leave it out"
+            )
+        if self.fuyou_read_ahead_mib is not None and self.fuyou_read_ahead_mib < 0:
+            raise ConfigError(
+                f"--fuyou-read-ahead-mib must be >= 0 (MiB of optimizer state read ahead of "
+                f"each layer's update; 0: each tensor's first chunk only), got "
+                f"{self.fuyou_read_ahead_mib}"
+            )
         if not self.fuyou:
             return
         if self.store_dir() is None:
@@ -251,6 +268,11 @@ class TrainConfig:
         from ..strategies._fuyou import _check_model
 
         _check_model(model)  # a protocol model with stacked blocks, one block per layer step
+
+    def fuyou_read_ahead_bytes(self) -> int | None:
+        """``--fuyou-read-ahead-mib`` in bytes (None: Fuyou's default)."""
+        mib = self.fuyou_read_ahead_mib
+        return None if mib is None else mib << 20
 
     def model_config(self):
         """The model config this run trains (a :class:`jaxoff.nn.LayeredModel`), with
@@ -376,6 +398,7 @@ RESUMABLE_CHANGES = frozenset(
         "store",  # the paged state is restored from the checkpoint into any store directory
         "chunk_mib",
         "store_slots",
+        "fuyou_read_ahead_mib",  # how far reads run ahead, not what the step computes
         "compile_cache",  # where compiled programs are kept, not what they compute
     }
 )

@@ -147,7 +147,7 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
         mesh = cfg.mesh()
         placement = cfg.resolved_placement()
         model_cfg = streamed_model(cfg.model_config(), placement, mesh)
-        fuyou = (model_cfg, cfg.page_params) if cfg.fuyou else None
+        fuyou = (model_cfg, cfg.page_params, cfg.fuyou_read_ahead_bytes()) if cfg.fuyou else None
         ckpts = Checkpoints(out, cfg.keep_checkpoints, tx, sharded=sharded, fuyou=fuyou)
         try:
             if cfg.resume and cfg.store_dir() is not None:
@@ -260,7 +260,13 @@ def _start_fuyou(cfg, ckpts: Checkpoints, tx, model_cfg, placement, step: int | 
             graphdef, params = layerwise_params(build)
         else:
             graphdef, params = nnx.split(build(), nnx.Param)
-        opt = fuyou_init(model_cfg, tx, params, page_params=cfg.page_params)
+        opt = fuyou_init(
+            model_cfg,
+            tx,
+            params,
+            page_params=cfg.page_params,
+            read_ahead_bytes=cfg.fuyou_read_ahead_bytes(),
+        )
         if cfg.page_params:
             params = fuyou_resident(params)  # the blocks now live in the store only
         return 0, TrainState(jnp.zeros((), jnp.int32), params, opt), graphdef
