@@ -76,9 +76,15 @@ def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
         store_dir=str(tmp_path),
         timeout_s=HANG_S,
         slots=1,
+        pure_io_reps=1,
+        read_ahead_mib=0,
         **RANDOM,
     )
     assert r["fits"] is True, _why(r)
+    assert r["read_ahead_bytes"] == 0  # passed to fuyou_init
+    # its store replayed once without compute (bench/fuyou_capacity.py's pure I/O)
+    assert len(r["pure_io_s"]) == 1 and r["pure_io_s"][0] > 0
+    assert r["pure_io_read_gb"] * 1e9 >= 12 * r["params"]
     assert r["slots"] == 1 and r["store_bytes_needed"] == 12 * r["params"]
     # one slot: chunk-padded, but less than the two slots of the paged probe
     assert r["store_bytes_needed"] <= r["store_bytes_on_disk"] < 24 * r["params"]
@@ -156,3 +162,27 @@ def test_paged_size_beyond_the_free_disk_is_skipped_as_disk_bound(capacity, tmp_
     assert r["fits"] is False and r["status"] == "skipped"
     assert r["why"].startswith("disk-bound")
     assert "peak_rss" not in r
+
+
+def test_pure_io_replay_of_a_store_larger_than_its_buffers_keeps_every_chunk(tmp_path, monkeypatch):
+    """``replay_io`` reuses 2 * window + 2 chunk buffers (a store larger than RAM replays): a
+    single-slot store read and written back in place through them still holds every chunk
+    as committed (each verified against its checksum when read)."""
+    import numpy as np
+
+    from jaxoff.aio import PageStore
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import paged_step
+
+    data = np.random.default_rng(0).standard_normal(40 * 1024).astype(np.float32)
+    with PageStore.create(
+        tmp_path / "s", {"w": ((data.size,), np.float32)}, chunk_bytes=4096, slots=1
+    ) as store:
+        store.write("w", data)
+        store.commit()
+        assert len(store.chunk_table(store.active_slot)["offset"]) == 40  # > 2 * 2 + 2 buffers
+    r = paged_step.replay_io(str(tmp_path / "s"), 2)
+    assert r["read_gb"] == r["write_gb"] == 40 * 4096 / 1e9
+    with PageStore.open(tmp_path / "s") as store:
+        np.testing.assert_array_equal(store.read("w"), data)
