@@ -450,6 +450,16 @@ def _is_take(eqn) -> bool:
     return eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") == "jaxoff_page_take"
 
 
+def _traced_setup(cfg, tmp_path, page_params):
+    """``(graphdef, tx, state)`` of a Fuyou step on ``cfg``, its store in ``tmp_path``."""
+    if page_params:
+        tx, state, _ = paged_params_run(cfg, tmp_path / "s")
+        return nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)[0], tx, state
+    graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
+    tx = paged(inner(), tmp_path / "s", chunk_bytes=CHUNK)
+    return graphdef, tx, TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
+
+
 @pytest.mark.parametrize("page_params", [False, True])
 def test_layer_gradients_are_carried_flat(tmp_path, page_params):
     """The backward scan carries a layer's gradients to the next step's update flat (1-D), as
@@ -459,13 +469,7 @@ def test_layer_gradients_are_carried_flat(tmp_path, page_params):
     d = 2048. A kernel's layer shape is carried once at most (its new values, in the
     parameters' form), not twice."""
     cfg = config("float32")
-    if page_params:
-        tx, state, _ = paged_params_run(cfg, tmp_path / "s")
-        graphdef = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)[0]
-    else:
-        graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
-        tx = paged(inner(), tmp_path / "s", chunk_bytes=CHUNK)
-        state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
+    graphdef, tx, state = _traced_setup(cfg, tmp_path, page_params)
     lay = _layout(tx, None, page_params)
     bleaves = [leaf for leaf in lay.plan.leaves if lay.blocks[leaf.index]]
     step = make_fuyou_step(graphdef, cfg, tx, page_params=page_params)
@@ -498,20 +502,14 @@ def test_layer_gradients_are_carried_flat(tmp_path, page_params):
 @pytest.mark.parametrize("page_params", [False, True])
 def test_optimizer_state_is_read_a_layer_ahead_of_its_update(tmp_path, page_params):
     """On the traced program: the backward scan's step starts the reads of the leading
-    chunks (here: all, the layer's state fits ``READ_AHEAD_BYTES``) of every
+    chunks (here: all, the layer's state fits ``read_ahead_bytes``) of every
     optimizer-state tensor of the layer it differentiates (updated by the next step) and
     hands their tickets to the next step through the carry, and the update it runs takes
     those chunks of every tensor of its own layer from tickets that came in through the
     carry: the reads were issued a whole layer's backward earlier, so the update does not
     wait for them."""
     cfg = config("float32")
-    if page_params:
-        tx, state, _ = paged_params_run(cfg, tmp_path / "s")
-        graphdef = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)[0]
-    else:
-        graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
-        tx = paged(inner(), tmp_path / "s", chunk_bytes=CHUNK)
-        state = TrainState(jnp.zeros((), jnp.int32), params, fuyou_init(cfg, tx, params))
+    graphdef, tx, state = _traced_setup(cfg, tmp_path, page_params)
     lay = _layout(tx, None, page_params)  # laid out by fuyou_init
     bleaves = [leaf for leaf in lay.plan.leaves if lay.blocks[leaf.index]]
     per_layer = sum(len(leaf.entries) for leaf in bleaves)

@@ -20,14 +20,16 @@ optimizer state is read in the step that differentiates layer ``j``, a step befo
 takes it (the tickets cross the scan's carry): the whole layer when it fits
 ``fuyou_init``'s ``read_ahead_bytes`` (default 128 MiB or 1/32 of RAM), else the leading
 chunks of every tensor that fit, the rest read by the update's own pipeline. The store commit
-runs behind the next step (``PageStore.commit(background=True)``). On the
-2-core CPU this project is measured on (``bench/fuyou.py``, ``docs/strategies.md``; medians of
-three runs), the step of ``medium`` (304M) at batch 1 is 1.03 times its bound
-max(compute-only, pure I/O) and 0.72 times the sequential paged one. On ``mini`` (3.4M) it is
-1.16 times its bound at batch 4: the update's own CPU work, many small calls, competes with
-the matmuls for the same two cores, and XLA's CPU runtime runs a scan body's update after its
-matmuls. The paper runs the
-update on the host CPU while the GPU computes.
+runs behind the next step (``PageStore.commit(background=True)``). A layer's gradients are
+carried to its update flat: in their own shapes XLA:CPU stored the 2-D ones column-major and
+transposed them back twice a layer. On the 2-core CPU this project is measured on
+(``bench/fuyou.py``, ``bench/fuyou_capacity.py``, ``docs/strategies.md``), the step is 1.09
+times its bound max(compute-only, pure I/O) at 120 layers of the capacity model's width
+(d = 2048, 6.05B; compute-only extrapolated from 4 to 16 layers), 1.03 times on ``medium``
+(304M) at batch 1 and 1.11 times on ``mini`` (3.4M) at batch 4 (medians of three runs). On
+``mini`` at batch 1 it is 1.55 times: the update's own CPU work, many small calls, competes
+with the matmuls for the same two cores, and XLA's CPU runtime runs a scan body's update
+after its matmuls. The paper runs the update on the host CPU while the GPU computes.
 Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
 choice of how much to swap; activations stay on the device (each block's input, the block
 recomputed in backward).
