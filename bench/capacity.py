@@ -616,6 +616,18 @@ def probe(
     return rec
 
 
+def disk_cap_layers(
+    root: str, mode: str, slots: int, d_model: int, seq_len: int, reserve_gib: float
+) -> int:
+    """Most layers (at least 1) whose ``mode`` store of ``slots`` slots fits the free disk
+    under ``root`` less ``reserve_gib``."""
+    free = shutil.disk_usage(root).free - reserve_gib * GIB
+    cap = layers_for(free / (slots * store_bytes_per_param(mode)), d_model, seq_len)
+    while cap > 1 and store_bytes(num_params(cap, d_model, seq_len), mode, slots) > free:
+        cap -= 1
+    return cap
+
+
 def search(
     mode: str,
     start_params: float,
@@ -640,12 +652,8 @@ def search(
     lo, hi = 0, None  # largest known fit, smallest known failure (layers)
     if mode in PAGED_MODES:  # the disk caps the size: never probe (or bracket) above it
         root = kw.get("store_dir") or tempfile.gettempdir()
-        free = shutil.disk_usage(root).free - kw.get("disk_reserve_gib", 4.0) * GIB
-        slots = kw.get("slots", 2)
-        cap = layers_for(free / (slots * store_bytes_per_param(mode)), d_model, seq_len)
-        while cap > 1 and store_bytes(num_params(cap, d_model, seq_len), mode, slots) > free:
-            cap -= 1
-        hi = cap + 1
+        reserve = kw.get("disk_reserve_gib", 4.0)
+        hi = disk_cap_layers(root, mode, kw.get("slots", 2), d_model, seq_len, reserve) + 1
         run(hi)  # recorded as skipped: "disk-bound"
         if records[hi]["fits"]:  # free disk changed under us; fall back to walking
             hi = None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from capacity import GIB, num_params, probe, store_bytes  # noqa: E402
+from capacity import GIB, disk_cap_layers, num_params, probe, store_bytes  # noqa: E402
 
 
 def _median_after_first(rec: dict) -> float:
@@ -44,15 +43,6 @@ def _median_after_first(rec: dict) -> float:
     if rec.get("status") != "ok" or len(times) < 2:
         raise SystemExit(f"probe {rec['mode']} at {rec['num_layers']} layers failed: {rec}")
     return statistics.median(times[1:])
-
-
-def disk_cap_layers(root: str, d_model: int, seq_len: int, reserve_gib: float) -> int:
-    """Most layers whose single-slot Fuyou store fits the free disk under ``root``."""
-    free = shutil.disk_usage(root).free - reserve_gib * GIB
-    layers = 1
-    while store_bytes(num_params(layers + 1, d_model, seq_len), "fuyou", 1) <= free:
-        layers += 1
-    return layers
 
 
 def main() -> None:
@@ -82,7 +72,7 @@ def main() -> None:
     a = ap.parse_args()
     root = a.store_dir or tempfile.gettempdir()
     Path(root).mkdir(parents=True, exist_ok=True)
-    cap = disk_cap_layers(root, a.d_model, a.seq_len, a.disk_reserve_gib)
+    cap = disk_cap_layers(root, "fuyou", 1, a.d_model, a.seq_len, a.disk_reserve_gib)
     layers = a.layers or cap
     if layers > cap:
         need = store_bytes(num_params(layers, a.d_model, a.seq_len), "fuyou", 1)

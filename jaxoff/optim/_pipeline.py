@@ -43,7 +43,8 @@ class EntryIO:
     storage: np.dtype
 
 
-def _as_bits(x: jax.Array) -> jax.Array:
+def as_bits(x: jax.Array) -> jax.Array:
+    """A float array's bits, as unsigned integers of its width."""
     return lax.bitcast_convert_type(x, jnp.dtype(f"uint{x.dtype.itemsize * 8}"))
 
 
@@ -52,7 +53,7 @@ def _bits_out(compute: Callable, dtype) -> Callable:
 
     def bits_compute(i, n, chunks):
         out_chunk, new = compute(i, n, chunks)
-        return _as_bits(out_chunk.astype(dtype)), new
+        return as_bits(out_chunk.astype(dtype)), new
 
     return bits_compute
 
@@ -104,7 +105,7 @@ def page_leaf(
         # The output buffer is carried as its bits: XLA's CPU backend upcasts bfloat16 ops to
         # float32, and a bfloat16 dynamic-update-slice of a chunk became a conversion of the
         # whole leaf to float32 and back for every chunk (see _paged._slice_bits).
-        out, compute = _as_bits(out), _bits_out(compute, dtype)
+        out, compute = as_bits(out), _bits_out(compute, dtype)
         got, crcs, token = page_leaf(
             table, ios, crcs_in, read_slot, chunk_elems, n_full, tail, out, compute, token,
             split_phase=split_phase, head=head,
