@@ -108,7 +108,6 @@ from jaxoff.optim import (
     unpack_crcs,
     write_chunk,
 )
-from jaxoff.optim._pipeline import as_bits
 from jaxoff.step import cross_entropy
 
 from . import _fuyou_params as fp
@@ -1010,7 +1009,9 @@ def _put_layer(stacked: list[jax.Array], layer: list[jax.Array], j) -> list[jax.
 
 def _bits(x: jax.Array) -> jax.Array:
     """A float array's bits as unsigned integers of its width; other arrays as they are."""
-    return as_bits(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    return lax.bitcast_convert_type(x, jnp.dtype(f"uint{x.dtype.itemsize * 8}"))
 
 
 def _unbits(x: jax.Array, dtype) -> jax.Array:
