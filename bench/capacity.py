@@ -380,15 +380,16 @@ def run_probe(
     t0 = time.perf_counter()
     step_fn = jax.jit(step, donate_argnums=0).lower(state, *batch()).compile()
     rec["compile_s"] = time.perf_counter() - t0
-    losses, times = [], []
+    losses, times, cpu = [], [], []
     try:
         for i in range(steps):
             phase(f"step {i + 1}")
             x, y = batch(i)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             state, loss = step_fn(state, x, y)
             losses.append(float(loss))
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)  # every thread of the process: XLA's, the engine's
         phase("done")
         rec["store_bytes_on_disk"] = _du(store_dir) if mode in PAGED_MODES else 0
     finally:
@@ -402,7 +403,7 @@ def run_probe(
         rec["pure_io_s"] = [r["io_s"] for r in replays]
         rec["pure_io_cpu_s"] = [r["cpu_s"] for r in replays]
         rec["pure_io_read_gb"] = replays[0]["read_gb"]
-    rec.update(losses=losses, step_s=times, loss_finite=all(map(math.isfinite, losses)))
+    rec.update(losses=losses, step_s=times, cpu_s=cpu, loss_finite=all(map(math.isfinite, losses)))
     rec.update(data=data, lr=float(lr(steps)), warmup_steps=warmup_steps)
     if passes and len(losses) == steps:
         k = len(windows)  # the second pass: windows 0 .. steps - k - 1 again

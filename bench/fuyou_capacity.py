@@ -13,6 +13,11 @@ state is several times RAM. So the bound ``max(compute-only, pure I/O)`` is take
   line in the number of layers (a scan of identical blocks: each layer adds the same work).
   The fit's largest relative residual is printed and stored.
 
+Every probe also records its process CPU time a step (all threads: XLA's and the engine's),
+the compute-only one extrapolated by its own line, so a second bound is given: ``max(compute-only,
+pure I/O, (compute-only CPU + pure I/O CPU) / cores)``, the shortest a step can take on this
+machine's cores if every CPU second of both is kept (as ``bench/fuyou.py`` gives it).
+
 At the largest compute depth Fuyou and pure I/O are measured too, so one ratio there needs no
 extrapolation; ``--baseline-read-ahead-mib`` adds Fuyou probes there with other read-ahead
 budgets (``fuyou_init(..., read_ahead_bytes=...)``; ``--read-ahead-mib`` sets the measured
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -38,11 +44,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capacity import GIB, disk_cap_layers, num_params, probe, store_bytes  # noqa: E402
 
 
-def _median_after_first(rec: dict) -> float:
-    times = rec.get("step_s") or []
+def _median_after_first(rec: dict, key: str = "step_s") -> float:
+    times = rec.get(key) or []
     if rec.get("status") != "ok" or len(times) < 2:
         raise SystemExit(f"probe {rec['mode']} at {rec['num_layers']} layers failed: {rec}")
     return statistics.median(times[1:])
+
+
+def _line(depths: list[int], values: list[float]) -> tuple[float, float, float]:
+    """Least-squares ``slope, intercept`` in layers and the largest relative residual."""
+    slope, icpt = np.polyfit(depths, values, 1)
+    resid = max(abs(icpt + slope * n - v) / v for n, v in zip(depths, values, strict=True))
+    return float(slope), float(icpt), float(resid)
 
 
 def main() -> None:
@@ -110,7 +123,9 @@ def main() -> None:
             Path(a.json).write_text(json.dumps({"records": records}, indent=1) + "\n")
         return rec
 
-    compute = {n: _median_after_first(run("plain-bf16", n, a.small_steps)) for n in depths}
+    compute_recs = {n: run("plain-bf16", n, a.small_steps) for n in depths}
+    compute = {n: _median_after_first(r) for n, r in compute_recs.items()}
+    compute_cpu = {n: _median_after_first(r, "cpu_s") for n, r in compute_recs.items()}
     small = depths[-1]
     ra = dict(read_ahead_mib=a.read_ahead_mib)
     small_rec = run("fuyou", small, a.small_steps, slots=1, pure_io_reps=a.io_reps, **ra)
@@ -120,12 +135,17 @@ def main() -> None:
     }
     big_rec = run("fuyou", layers, a.steps, slots=1, pure_io_reps=a.io_reps, **ra)
 
-    slope, icpt = np.polyfit(depths, [compute[n] for n in depths], 1)
-    resid = max(abs(icpt + slope * n - compute[n]) / compute[n] for n in depths)
-    compute_big = float(icpt + slope * layers)
+    slope, icpt, resid = _line(depths, [compute[n] for n in depths])
+    compute_big = icpt + slope * layers
+    cpu_slope, cpu_icpt, cpu_resid = _line(depths, [compute_cpu[n] for n in depths])
+    cores = len(os.sched_getaffinity(0))
 
-    def ratios(fuyou_s, compute_s, rec):
+    def ratios(rec, compute_s, compute_cpu_s):
+        fuyou_s = _median_after_first(rec)
         io = statistics.median(rec["pure_io_s"])
+        io_cpu = statistics.median(rec["pure_io_cpu_s"])
+        # the shortest a step can take on these cores if every CPU second of both is kept
+        cpu_bound = max(compute_s, io, (compute_cpu_s + io_cpu) / cores)
         return {
             "fuyou_s": fuyou_s,
             "compute_only_s": compute_s,
@@ -133,6 +153,11 @@ def main() -> None:
             "compute_over_io": compute_s / io,
             "fuyou_over_bound": fuyou_s / max(compute_s, io),
             "io_hidden": min(1.0, max(0.0, 1.0 - (fuyou_s - compute_s) / io)),
+            "fuyou_cpu_s": _median_after_first(rec, "cpu_s"),
+            "compute_only_cpu_s": compute_cpu_s,
+            "pure_io_cpu_s": io_cpu,
+            "cpu_bound_s": cpu_bound,
+            "fuyou_over_cpu_bound": fuyou_s / cpu_bound,
             "pure_io_read_gb": rec["pure_io_read_gb"],
             "read_ahead_bytes": rec.get("read_ahead_bytes"),
         }
@@ -142,21 +167,26 @@ def main() -> None:
             "layers": layers,
             "params": num_params(layers, a.d_model, a.seq_len),
             "compute_only": "extrapolated",
-            **ratios(_median_after_first(big_rec), compute_big, big_rec),
+            **ratios(big_rec, compute_big, cpu_icpt + cpu_slope * layers),
         },
         "small": {
             "layers": small,
             "params": num_params(small, a.d_model, a.seq_len),
             "compute_only": "measured",
-            **ratios(_median_after_first(small_rec), compute[small], small_rec),
+            **ratios(small_rec, compute[small], compute_cpu[small]),
         },
         "compute_fit": {
             "depths": depths,
             "compute_only_s": [compute[n] for n in depths],
             "seconds_per_layer": float(slope),
             "intercept_s": float(icpt),
-            "max_relative_residual": float(resid),
+            "max_relative_residual": resid,
+            "compute_only_cpu_s": [compute_cpu[n] for n in depths],
+            "cpu_seconds_per_layer": cpu_slope,
+            "cpu_intercept_s": cpu_icpt,
+            "cpu_max_relative_residual": cpu_resid,
         },
+        "cores": cores,
         "disk_cap_layers": cap,
     }
     for mib, t in baselines.items():
@@ -174,7 +204,10 @@ def main() -> None:
             f"({s['compute_only']}), pure I/O "
             f"{s['pure_io_s']:.2f} s ({s['pure_io_read_gb']:.1f} GB each way); fuyou / bound "
             f"{s['fuyou_over_bound']:.3f}, I/O hidden {100 * s['io_hidden']:.0f}%, "
-            f"compute / I/O {s['compute_over_io']:.2f}"
+            f"compute / I/O {s['compute_over_io']:.2f}; CPU s a step: fuyou "
+            f"{s['fuyou_cpu_s']:.1f}, compute-only {s['compute_only_cpu_s']:.1f}, pure I/O "
+            f"{s['pure_io_cpu_s']:.1f}: fuyou / CPU bound {s['fuyou_over_cpu_bound']:.3f} "
+            f"({cores} cores)"
         )
     for mib in baselines:
         print(

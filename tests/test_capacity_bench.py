@@ -82,6 +82,8 @@ def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
     )
     assert r["fits"] is True, _why(r)
     assert r["read_ahead_bytes"] == 0  # passed to fuyou_init
+    # each step's process CPU time (bench/fuyou_capacity.py's CPU bound): the step's own work
+    assert len(r["cpu_s"]) == len(r["step_s"]) == 2 and all(c > 0 for c in r["cpu_s"])
     # its store replayed once without compute (bench/fuyou_capacity.py's pure I/O)
     assert len(r["pure_io_s"]) == 1 and r["pure_io_s"][0] > 0
     assert r["pure_io_read_gb"] * 1e9 >= 12 * r["params"]
