@@ -135,9 +135,9 @@ def main() -> None:
     }
     big_rec = run("fuyou", layers, a.steps, slots=1, pure_io_reps=a.io_reps, **ra)
 
-    slope, icpt, resid = _line(depths, [compute[n] for n in depths])
-    compute_big = icpt + slope * layers
-    cpu_slope, cpu_icpt, cpu_resid = _line(depths, [compute_cpu[n] for n in depths])
+    slope, intercept, resid = _line(depths, [compute[n] for n in depths])
+    compute_big = intercept + slope * layers
+    cpu_slope, cpu_intercept, cpu_resid = _line(depths, [compute_cpu[n] for n in depths])
     cores = len(os.sched_getaffinity(0))
 
     def ratios(rec, compute_s, compute_cpu_s):
@@ -167,7 +167,7 @@ def main() -> None:
             "layers": layers,
             "params": num_params(layers, a.d_model, a.seq_len),
             "compute_only": "extrapolated",
-            **ratios(big_rec, compute_big, cpu_icpt + cpu_slope * layers),
+            **ratios(big_rec, compute_big, cpu_intercept + cpu_slope * layers),
         },
         "small": {
             "layers": small,
@@ -178,12 +178,12 @@ def main() -> None:
         "compute_fit": {
             "depths": depths,
             "compute_only_s": [compute[n] for n in depths],
-            "seconds_per_layer": float(slope),
-            "intercept_s": float(icpt),
+            "seconds_per_layer": slope,
+            "intercept_s": intercept,
             "max_relative_residual": resid,
             "compute_only_cpu_s": [compute_cpu[n] for n in depths],
             "cpu_seconds_per_layer": cpu_slope,
-            "cpu_intercept_s": cpu_icpt,
+            "cpu_intercept_s": cpu_intercept,
             "cpu_max_relative_residual": cpu_resid,
         },
         "cores": cores,
@@ -193,7 +193,7 @@ def main() -> None:
         summary["small"][f"fuyou_over_read_ahead_{mib}_mib"] = summary["small"]["fuyou_s"] / t
         summary["small"][f"fuyou_read_ahead_{mib}_mib_s"] = t
     print(
-        f"\ncompute-only: {slope:.3f} s/layer + {icpt:.3f} s (fit over {depths}, largest "
+        f"\ncompute-only: {slope:.3f} s/layer + {intercept:.3f} s (fit over {depths}, largest "
         f"residual {100 * resid:.1f}%)"
     )
     for name in ("small", "capacity"):

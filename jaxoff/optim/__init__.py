@@ -37,6 +37,7 @@ from ._paged import PagedTransformation as PagedTransformation
 from ._paged import paged as paged
 from ._paged import ram_from_bytes as ram_from_bytes
 from ._paged import update_and_apply as update_and_apply
+from ._pipeline import as_bits as as_bits
 from ._state import PagedTensors as PagedTensors
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_ENGINE",
     "RAM_ENTRY",
     "ChunkUpdater",
+    "as_bits",
     "EntryIO",
     "LeafPlan",
     "Plan",

@@ -26,9 +26,9 @@ transposed them back twice a layer. On the 2-core CPU this project is measured o
 (``bench/fuyou.py``, ``bench/fuyou_capacity.py``, ``docs/strategies.md``), the step is 1.02,
 1.01 and 1.25 times (three runs; the first two I/O-bound on a slow disk) its bound
 max(compute-only, pure I/O) at the 132-layer capacity record (d = 2048, 6.65B; compute-only
-extrapolated from 4 to 16 layers), 1.03 times on ``medium``
-(304M) at batch 1 and 1.11 times on ``mini`` (3.4M) at batch 4 (medians of three runs). On
-``mini`` at batch 1 it is 1.55 times: the update's own CPU work, many small calls, competes
+extrapolated from 4 to 16 layers), 1.03 times on ``medium`` (304M) at batch 1 and 1.11
+times on ``mini`` (3.4M) at batch 4 (medians of three runs). On ``mini`` at batch 1 it is
+1.55 times: the update's own CPU work, many small calls, competes
 with the matmuls for the same two cores, and XLA's CPU runtime runs a scan body's update
 after its matmuls. The paper runs the update on the host CPU while the GPU computes.
 Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
@@ -94,6 +94,7 @@ from jaxoff.optim import (
     EntryIO,
     PagedTransformation,
     Plan,
+    as_bits,
     chunk_updater,
     commit_gate,
     copy_in,
@@ -1010,9 +1011,7 @@ def _put_layer(stacked: list[jax.Array], layer: list[jax.Array], j) -> list[jax.
 
 def _bits(x: jax.Array) -> jax.Array:
     """A float array's bits as unsigned integers of its width; other arrays as they are."""
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        return x
-    return lax.bitcast_convert_type(x, jnp.dtype(f"uint{x.dtype.itemsize * 8}"))
+    return as_bits(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
 def _unbits(x: jax.Array, dtype) -> jax.Array:
