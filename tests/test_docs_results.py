@@ -35,6 +35,7 @@ def test_every_named_result_is_committed_and_readable(name):
 # the capacity records quoted as records (10 steps, loss falling), by mode
 RECORDS = {
     "capacity_fuyou_10steps.json": "fuyou",
+    "capacity_fuyou_10steps_current.json": "fuyou",
     "capacity_fuyou_nvme_lr1e-6.json": "fuyou-nvme",
     "capacity_plain_10steps.json": "plain",
 }
