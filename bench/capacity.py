@@ -220,6 +220,61 @@ def _build_params(cfg, lazy_blocks: bool = False):
     return graphdef, jax.tree_util.tree_map_with_path(fill, abstract)
 
 
+ENGINE_COUNTERS = (
+    "take_wait_ns", "take_copy_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns",
+    "io_busy_ns", "read_bytes", "write_bytes", "takes",
+)  # fmt: skip
+
+
+def _engine_counters(table: str | None) -> dict[str, float]:
+    """The engine's cumulative counters of a Fuyou store's table: ``*_ns`` as seconds."""
+    if not table:
+        return {}
+    from jaxoff.aio import file_table_stats
+
+    st = file_table_stats(table) or {}
+    return {
+        k.removesuffix("_ns") + "_s" if k.endswith("_ns") else k: (
+            st.get(k, 0) / 1e9 if k.endswith("_ns") else st.get(k, 0)
+        )
+        for k in ENGINE_COUNTERS
+    }
+
+
+class _Sampler:
+    """Samples, every ``period`` seconds of one step, the process CPU time and the engine
+    counters, to show where in the step the cores sit idle and what the step waits on."""
+
+    def __init__(self, table: str, period: float = 1.0):
+        import threading
+
+        self.table, self.period, self.rows = table, period, []
+        self.t0 = time.perf_counter()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _row(self) -> dict[str, float]:
+        return {"t": time.perf_counter() - self.t0, "cpu_s": time.process_time()} | (
+            _engine_counters(self.table)
+        )
+
+    def _run(self) -> None:
+        self.rows.append(self._row())
+        while not self.done.wait(self.period):
+            self.rows.append(self._row())
+
+    def stop(self) -> list[dict]:
+        """The rows, counters relative to the first (taken as the step started)."""
+        self.done.set()
+        self.thread.join()
+        self.rows.append(self._row())
+        first = self.rows[0]
+        return [
+            {k: round(v if k == "t" else v - first[k], 4) for k, v in r.items()} for r in self.rows
+        ]
+
+
 def run_probe(
     mode: str,
     num_layers: int,
@@ -381,15 +436,29 @@ def run_probe(
     step_fn = jax.jit(step, donate_argnums=0).lower(state, *batch()).compile()
     rec["compile_s"] = time.perf_counter() - t0
     losses, times, cpu = [], [], []
+    table = None
+    if mode in ("fuyou", "fuyou-nvme"):
+        from jaxoff.strategies._fuyou import fuyou_table
+
+        table = fuyou_table(tx)
+        rec["engine"] = []  # a step's engine counters (seconds, bytes), one dict a step
+        rec["timelines"] = []  # each step's, second by second (`_Sampler`)
     try:
         for i in range(steps):
             phase(f"step {i + 1}")
             x, y = batch(i)
+            sampler = _Sampler(table) if table else None
+            before = _engine_counters(table)
             t, c = time.perf_counter(), time.process_time()
             state, loss = step_fn(state, x, y)
             losses.append(float(loss))
             times.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)  # every thread of the process: XLA's, the engine's
+            if table:
+                after = _engine_counters(table)
+                rec["engine"].append({k: round(after[k] - before[k], 4) for k in after})
+            if sampler:
+                rec["timelines"].append(sampler.stop())
         phase("done")
         rec["store_bytes_on_disk"] = _du(store_dir) if mode in PAGED_MODES else 0
     finally:

@@ -18,6 +18,16 @@ the compute-only one extrapolated by its own line, so a second bound is given: `
 pure I/O, (compute-only CPU + pure I/O CPU) / cores)``, the shortest a step can take on this
 machine's cores if every CPU second of both is kept (as ``bench/fuyou.py`` gives it).
 
+The Fuyou probes record the engine's counters of every step (``take_wait_s``: the time its
+takes waited for their reads; ``io_busy_s``: the time with I/O in flight; bytes read and
+written) and sample each step second by second (``timelines``: process CPU time and the
+counters). Fuyou pages the optimizer state during the backward pass only (ahead of it, no
+more than the read-ahead is staged), so each step is also set against a third bound that
+uses its own measured I/O time: ``max(compute-only, opening + io_busy_s)``, the opening being
+the time to the step's first take (its forward pass and top layer's backward, within the
+1 s sample period; meaningful for steps of many seconds). ``--plot`` draws the capacity
+probe's steps after the first: cores busy, takes waiting, GB/s read.
+
 At the largest compute depth Fuyou and pure I/O are measured too, so one ratio there needs no
 extrapolation; ``--baseline-read-ahead-mib`` adds Fuyou probes there with other read-ahead
 budgets (``fuyou_init(..., read_ahead_bytes=...)``; ``--read-ahead-mib`` sets the measured
@@ -30,6 +40,7 @@ own peak RSS); step times are the medians of the steps after the first.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -58,6 +69,81 @@ def _line(depths: list[int], values: list[float]) -> tuple[float, float, float]:
     return float(slope), float(icpt), float(resid)
 
 
+def first_update_s(timeline: list[dict]) -> float:
+    """When a sampled step's first optimizer-state take had happened (the first sample that
+    counts one; an upper bound within a sample period): the opening of the step (its forward
+    pass and its top layer's backward) in which no paging I/O runs but the read-ahead."""
+    return next(r["t"] for r in timeline if r["takes"] > 0)
+
+
+def window_bounds(rec: dict, compute_s: float) -> dict:
+    """Each step after the first against ``max(compute-only, opening + the step's own I/O
+    time)``: Fuyou reads and writes the optimizer state during the backward pass only (it is
+    staged in RAM no further than the read-ahead), so a step whose I/O outlasts its backward
+    pass takes its opening plus the time the disk was busy (the engine's ``io_busy_s``, time
+    with I/O in flight, measured in that step: the disk's speed varies from minute to
+    minute here, and a pure I/O replay run minutes later does not see the same disk)."""
+    openings = [first_update_s(t) for t in rec["timelines"][1:]]
+    busy = [e["io_busy_s"] for e in rec["engine"][1:]]
+    bounds = [max(compute_s, o + b) for o, b in zip(openings, busy, strict=True)]
+    over = [s / b for s, b in zip(rec["step_s"][1:], bounds, strict=True)]
+    return {
+        "opening_s": openings,
+        "io_busy_s": busy,
+        "take_wait_s": [e["take_wait_s"] for e in rec["engine"][1:]],
+        "window_bound_s": bounds,
+        "step_over_window_bound": over,
+        "median_step_over_window_bound": statistics.median(over),
+    }
+
+
+def timeline_rates(timeline: list[dict]) -> dict[str, list[float]]:
+    """A sampled step as rates between samples: cores busy, read and write GB/s, and the
+    fraction of the time the step's takes waited for their reads."""
+    out: dict[str, list[float]] = {k: [] for k in ("t", "cores", "read_gbs", "write_gbs", "wait")}
+    for a, b in itertools.pairwise(timeline):
+        dt = b["t"] - a["t"]
+        if dt <= 0:
+            continue
+        out["t"].append(b["t"])
+        out["cores"].append((b["cpu_s"] - a["cpu_s"]) / dt)
+        out["read_gbs"].append((b["read_bytes"] - a["read_bytes"]) / dt / 1e9)
+        out["write_gbs"].append((b["write_bytes"] - a["write_bytes"]) / dt / 1e9)
+        out["wait"].append((b["take_wait_s"] - a["take_wait_s"]) / dt)
+    return out
+
+
+def plot_timeline(rec: dict, path: str) -> None:
+    """The capacity probe's steps after the first, second by second: cores busy, the time
+    the step's takes waited for their reads, and the disk's read GB/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, sharex=True, figsize=(8, 7))
+    for i, tl in enumerate(rec["timelines"][1:], start=2):
+        r = timeline_rates(tl)
+        label = f"step {i}: {rec['step_s'][i - 1]:.0f} s"
+        for ax, key in zip(axes, ("cores", "wait", "read_gbs"), strict=True):
+            ax.plot(r["t"], r[key], label=label, linewidth=1)
+    axes[0].set_ylabel("cores busy")
+    axes[1].set_ylabel("takes waiting\n(s / s)")
+    axes[2].set_ylabel("read GB/s")
+    axes[2].set_xlabel("seconds into the step")
+    for ax in axes:
+        ax.set_ylim(0, None)
+    axes[0].legend(loc="lower right", fontsize=8)
+    axes[0].set_title(
+        f"Fuyou at {rec['num_layers']} layers ({rec['params'] / 1e9:.2f}B): the paging runs from "
+        "the first update (after the forward pass) to the step's end",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=None, help="default: the most the disk holds")
@@ -82,6 +168,7 @@ def main() -> None:
         help="more Fuyou probes at the largest compute depth, with these read-ahead budgets",
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="PNG of the capacity probe's last step")
     a = ap.parse_args()
     root = a.store_dir or tempfile.gettempdir()
     Path(root).mkdir(parents=True, exist_ok=True)
@@ -160,6 +247,13 @@ def main() -> None:
             "fuyou_over_cpu_bound": fuyou_s / cpu_bound,
             "pure_io_read_gb": rec["pure_io_read_gb"],
             "read_ahead_bytes": rec.get("read_ahead_bytes"),
+            # what the step waited on (medians of the steps after the first, seconds a step)
+            "window": window_bounds(rec, compute_s),
+            "engine_s": {
+                k: statistics.median(e[k] for e in rec["engine"][1:])
+                for k in rec["engine"][0]
+                if k.endswith("_s")
+            },
         }
 
     summary = {
@@ -209,11 +303,26 @@ def main() -> None:
             f"{s['pure_io_cpu_s']:.1f}: fuyou / CPU bound {s['fuyou_over_cpu_bound']:.3f} "
             f"({cores} cores)"
         )
+        print(
+            "          engine, s a step: "
+            + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in s["engine_s"].items())
+        )
+        w = s["window"]
+        print(
+            f"          openings (no paging but read-ahead) {[round(x, 1) for x in w['opening_s']]}"
+            " s; steps / "
+            f"max(compute-only, opening + the step's I/O busy time): "
+            f"{[round(x, 3) for x in w['step_over_window_bound']]} (median "
+            f"{w['median_step_over_window_bound']:.3f})"
+        )
     for mib in baselines:
         print(
             f"   small: fuyou / fuyou reading {mib} MiB ahead = "
             f"{summary['small'][f'fuyou_over_read_ahead_{mib}_mib']:.3f}"
         )
+    if a.plot:
+        plot_timeline(big_rec, a.plot)
+        print(f"wrote {a.plot}")
     if a.json:
         doc = {
             "command": "python bench/fuyou_capacity.py " + " ".join(sys.argv[1:]),

@@ -87,6 +87,19 @@ def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
     # its store replayed once without compute (bench/fuyou_capacity.py's pure I/O)
     assert len(r["pure_io_s"]) == 1 and r["pure_io_s"][0] > 0
     assert r["pure_io_read_gb"] * 1e9 >= 12 * r["params"]
+    # the engine's counters of each step, and each step sampled second by second
+    # (bench/fuyou_capacity.py's window bound and plot): every step reads the optimizer state
+    # once (the store less its RAM page and slack) and writes it back, in takes of chunks
+    assert len(r["engine"]) == len(r["timelines"]) == 2
+    for e, timeline in zip(r["engine"], r["timelines"], strict=True):
+        assert 0 < e["read_bytes"] <= r["pure_io_read_gb"] * 1e9 <= 1.2 * e["read_bytes"]
+        assert e["write_bytes"] >= e["read_bytes"] and e["takes"] > 0 and e["io_busy_s"] > 0
+        assert all(e[k] >= 0 for k in ("take_wait_s", "write_wait_s", "flush_wait_s"))
+        # samples relative to the step's start; the last one, at its end, sees all of it
+        assert timeline[0]["read_bytes"] == timeline[0]["takes"] == 0
+        assert [s["t"] for s in timeline] == sorted(s["t"] for s in timeline)
+        assert timeline[-1]["read_bytes"] == e["read_bytes"]
+        assert timeline[-1]["takes"] == e["takes"]
     assert r["slots"] == 1 and r["store_bytes_needed"] == 12 * r["params"]
     # one slot: chunk-padded, but less than the two slots of the paged probe
     assert r["store_bytes_needed"] <= r["store_bytes_on_disk"] < 24 * r["params"]
@@ -188,3 +201,37 @@ def test_pure_io_replay_of_a_store_larger_than_its_buffers_keeps_every_chunk(tmp
     assert r["read_gb"] == r["write_gb"] == 40 * 4096 / 1e9
     with PageStore.open(tmp_path / "s") as store:
         np.testing.assert_array_equal(store.read("w"), data)
+
+
+def test_fuyou_capacity_sets_each_step_against_its_own_io_window(monkeypatch):
+    """bench/fuyou_capacity.py's third bound: a step against max(compute-only, its opening
+    (time to its first take) + the time its I/O was in flight), from the probe's counters."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import fuyou_capacity as fc
+
+    def timeline(first_take_t, end_t, busy):
+        rows = [{"t": 0.0, "cpu_s": 0.0, "takes": 0, "take_wait_s": 0.0, "read_bytes": 0,
+                 "write_bytes": 0}]  # fmt: skip
+        rows.append(rows[0] | {"t": first_take_t - 1.0, "cpu_s": 2 * (first_take_t - 1.0)})
+        rows.append(rows[0] | {"t": first_take_t, "cpu_s": 2 * first_take_t, "takes": 3,
+                               "read_bytes": 10**9, "take_wait_s": 0.5})  # fmt: skip
+        rows.append(rows[0] | {"t": end_t, "cpu_s": 2 * first_take_t + end_t - first_take_t,
+                               "takes": 9, "read_bytes": 4 * 10**9, "write_bytes": 4 * 10**9,
+                               "take_wait_s": busy / 4})  # fmt: skip
+        return rows
+
+    rec = {
+        "step_s": [200.0, 150.0, 100.0],
+        "engine": [{"io_busy_s": b, "take_wait_s": b / 4} for b in (90.0, 130.0, 60.0)],
+        "timelines": [timeline(15.0, t, b) for t, b in ((200, 90), (150, 130), (100, 60))],
+    }
+    w = fc.window_bounds(rec, compute_s=110.0)
+    assert w["opening_s"] == [15.0, 15.0]  # the steps after the first
+    assert w["window_bound_s"] == [145.0, 110.0]  # I/O-bound: 15 + 130; compute-bound: 110
+    assert w["step_over_window_bound"] == [150.0 / 145.0, 100.0 / 110.0]
+    assert w["take_wait_s"] == [32.5, 15.0] and w["io_busy_s"] == [130.0, 60.0]
+    r = fc.timeline_rates(rec["timelines"][1])
+    assert r["t"] == [14.0, 15.0, 150.0]
+    assert r["cores"] == [2.0, 2.0, 1.0]  # 1 CPU s a second once the paging starts
+    assert r["read_gbs"][1] == 1.0 and r["read_gbs"][2] == 3 / 135
+    assert r["wait"][2] == (32.5 - 0.5) / 135
