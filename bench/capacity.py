@@ -248,8 +248,9 @@ class _Sampler:
     def __init__(self, table: str, period: float = 1.0):
         import threading
 
-        self.table, self.period, self.rows = table, period, []
+        self.table, self.period = table, period
         self.t0 = time.perf_counter()
+        self.rows = [self._row()]  # before the step starts
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -260,7 +261,6 @@ class _Sampler:
         )
 
     def _run(self) -> None:
-        self.rows.append(self._row())
         while not self.done.wait(self.period):
             self.rows.append(self._row())
 

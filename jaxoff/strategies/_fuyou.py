@@ -24,11 +24,11 @@ runs behind the next step (``PageStore.commit(background=True)``). A layer's gra
 carried to its update flat: in their own shapes XLA:CPU stored the 2-D ones column-major and
 transposed them back twice a layer. On the 2-core CPU this project is measured on
 (``bench/fuyou.py``, ``bench/fuyou_capacity.py``, ``docs/strategies.md``), the step is 1.02,
-1.01, 1.25 and 1.27 times (four runs; the first two I/O-bound on a slow disk) its bound
-max(compute-only, pure I/O) at the 132-layer capacity record (d = 2048, 6.65B; compute-only
-extrapolated from 4 to 16 layers), 1.03 times on ``medium`` (304M) at batch 1 and 1.11
-times on ``mini`` (3.4M) at batch 4 (medians of three runs). On ``mini`` at batch 1 it is
-1.55 times: the update's own CPU work, many small calls, competes
+1.01, 1.25, 1.27 and 0.99 times (five runs, median 1.02; its reads wait only while the disk
+slows) its bound max(compute-only, pure I/O) at the 132-layer capacity record (d = 2048,
+6.65B; compute-only extrapolated from 4 to 16 layers), 1.03 times on ``medium`` (304M) at
+batch 1 and 1.11 times on ``mini`` (3.4M) at batch 4 (medians of three runs). On ``mini`` at
+batch 1 it is 1.55 times: the update's own CPU work, many small calls, competes
 with the matmuls for the same two cores, and XLA's CPU runtime runs a scan body's update
 after its matmuls. The paper runs the update on the host CPU while the GPU computes.
 Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
