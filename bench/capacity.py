@@ -226,18 +226,19 @@ ENGINE_COUNTERS = (
 )  # fmt: skip
 
 
-def _engine_counters(table: str | None) -> dict[str, float]:
+def _counter_names() -> list[str]:
+    """`_engine_counters`' keys: ``ENGINE_COUNTERS`` with ``*_ns`` as ``*_s``."""
+    return [k.removesuffix("_ns") + "_s" if k.endswith("_ns") else k for k in ENGINE_COUNTERS]
+
+
+def _engine_counters(table: str) -> dict[str, float]:
     """The engine's cumulative counters of a Fuyou store's table: ``*_ns`` as seconds."""
-    if not table:
-        return {}
     from jaxoff.aio import file_table_stats
 
     st = file_table_stats(table) or {}
     return {
-        k.removesuffix("_ns") + "_s" if k.endswith("_ns") else k: (
-            st.get(k, 0) / 1e9 if k.endswith("_ns") else st.get(k, 0)
-        )
-        for k in ENGINE_COUNTERS
+        name: st.get(k, 0) / 1e9 if k.endswith("_ns") else st.get(k, 0)
+        for k, name in zip(ENGINE_COUNTERS, _counter_names(), strict=True)
     }
 
 
@@ -448,17 +449,15 @@ def run_probe(
             phase(f"step {i + 1}")
             x, y = batch(i)
             sampler = _Sampler(table) if table else None
-            before = _engine_counters(table)
             t, c = time.perf_counter(), time.process_time()
             state, loss = step_fn(state, x, y)
             losses.append(float(loss))
             times.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)  # every thread of the process: XLA's, the engine's
-            if table:
-                after = _engine_counters(table)
-                rec["engine"].append({k: round(after[k] - before[k], 4) for k in after})
-            if sampler:
-                rec["timelines"].append(sampler.stop())
+            if sampler:  # the step's counters: its last sample's, taken as it ended
+                timeline = sampler.stop()
+                rec["timelines"].append(timeline)
+                rec["engine"].append({k: timeline[-1][k] for k in _counter_names()})
         phase("done")
         rec["store_bytes_on_disk"] = _du(store_dir) if mode in PAGED_MODES else 0
     finally:

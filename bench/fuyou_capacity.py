@@ -168,7 +168,9 @@ def main() -> None:
         help="more Fuyou probes at the largest compute depth, with these read-ahead budgets",
     )
     ap.add_argument("--json", default=None)
-    ap.add_argument("--plot", default=None, help="PNG of the capacity probe's last step")
+    ap.add_argument(
+        "--plot", default=None, help="PNG of the capacity probe's steps after the first"
+    )
     a = ap.parse_args()
     root = a.store_dir or tempfile.gettempdir()
     Path(root).mkdir(parents=True, exist_ok=True)
