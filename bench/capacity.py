@@ -434,7 +434,14 @@ def run_probe(
 
     phase("compile")
     t0 = time.perf_counter()
-    step_fn = jax.jit(step, donate_argnums=0).lower(state, *batch()).compile()
+    # the paged mode compiles as jaxoff train does (jaxoff.compiler_options: on CPU, no
+    # float32 copy of the stacked bf16 blocks); plain modes as a plain jit; the fuyou modes
+    # scan their blocks' bits and need none
+    from jaxoff import compiler_options
+
+    options = compiler_options(state) if mode == "paged" else {}
+    rec["compiler_options"] = options
+    step_fn = jax.jit(step, donate_argnums=0).lower(state, *batch()).compile(options or None)
     rec["compile_s"] = time.perf_counter() - t0
     losses, times, cpu = [], [], []
     table = None

@@ -38,6 +38,7 @@ _EXPORTS = {
     "TrainResult": (".train", "TrainResult"),
     "TrainState": (".train", "TrainState"),
     "train": (".train", None),  # the package, which is also callable: jaxoff.train(cfg)
+    "compiler_options": ("._xla", "compiler_options"),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -60,6 +61,7 @@ def __dir__():
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from ._errors import ConfigError as ConfigError
     from ._errors import JaxoffError as JaxoffError
+    from ._xla import compiler_options as compiler_options
     from .aio import PageStore as PageStore
     from .aio import PageStoreError as PageStoreError
     from .aio import plan_layout as plan_layout

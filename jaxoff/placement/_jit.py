@@ -37,13 +37,14 @@ def abstract_with(state, shardings):
     )
 
 
-def compile_placed(lowered, placement: Placement | str | None):
-    """``lowered.compile()``; where the placement runs the optimizer update as host
+def compile_placed(lowered, placement: Placement | str | None, options=None):
+    """``lowered.compile(options)`` (``options``: XLA compiler options, see
+    ``jaxoff.compiler_options``); where the placement runs the optimizer update as host
     computation and XLA cannot compile that (an XLA limitation on GPUs: JAX 0.11.2 on an H200
     failed with ``host-call ... async-start expects the async shape ...``), one
     :class:`ConfigError` naming the placement and the routes that compile instead."""
     try:
-        return lowered.compile()
+        return lowered.compile(options or None)
     except Exception as e:
         placement = get_placement(placement)
         if placement.all_on_device or placement.update_kind != "host":

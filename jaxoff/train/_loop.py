@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _faults
 from .._errors import JaxoffError
+from .._xla import compiler_options
 from ..aio import file_table_stats
 from ..distributed import ShardedPagedStep, ShardedParams, init_sharded
 from ..placement import (
@@ -389,7 +390,9 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
             state = jax.tree.map(from_host, state, shardings)
         else:
             state = jax.device_put(state, shardings)
-        step_fn = compile_placed(step_fn.lower(state, *batches(start)), placement)
+        # on CPU with 16-bit parameters: no float32 copy of the stacked blocks (jaxoff._xla)
+        options = compiler_options(state.params)
+        step_fn = compile_placed(step_fn.lower(state, *batches(start)), placement, options)
     compile_s = time.perf_counter() - t0
     if evaluate is None:
         loss_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))

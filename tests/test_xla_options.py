@@ -1,0 +1,84 @@
+"""``jaxoff.compiler_options``: on CPU, no float32 copy of a bf16 layer stack, same bits."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import jaxoff
+from jaxoff.nn import load_model, with_stack
+from jaxoff.train import TrainConfig, train
+from jaxoff.train import _loop as loop_module
+
+
+def test_options_only_on_cpu_with_16_bit_floats():
+    off = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+    bf16 = {"blocks": jnp.zeros((4, 8, 8), jnp.bfloat16), "head": jnp.zeros((8,))}
+    assert jaxoff.compiler_options(bf16, backend="cpu") == off
+    half = jax.ShapeDtypeStruct((2, 3), jnp.float16)
+    assert jaxoff.compiler_options([half], backend="cpu") == off
+    assert jaxoff.compiler_options(None, backend="cpu") == off
+    f32 = {"blocks": jnp.zeros((4, 8, 8)), "step": jnp.zeros((), jnp.int32)}
+    assert jaxoff.compiler_options(f32, backend="cpu") == {}
+    assert jaxoff.compiler_options(bf16, backend="gpu") == {}
+    assert jaxoff.compiler_options(bf16) == off  # this suite runs on CPU
+
+
+def _grad_step(layers: int, options):
+    """The compiled ``value_and_grad`` of a bf16 GPT of ``layers`` stacked blocks, and its
+    inputs."""
+    cfg = with_stack(load_model("tiny"), policy="nothing_saveable")
+    cfg = dataclasses.replace(
+        cfg, num_layers=layers, d_model=256, num_heads=4, d_ff=1024, param_dtype="bfloat16"
+    )
+    graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
+
+    def loss(p, x, y):
+        logits = nnx.merge(graphdef, p)(x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    x = jax.random.randint(jax.random.key(0), (2, 33), 0, 256)
+    args = (params, x[:, :-1], x[:, 1:])
+    compiled = jax.jit(jax.value_and_grad(loss)).lower(*args).compile(options or None)
+    blocks = sum(a.nbytes for a in jax.tree.leaves(params["blocks"]))
+    return compiled, args, blocks
+
+
+def test_a_bf16_stack_keeps_no_float32_copy_and_computes_the_same_bits():
+    """Without the options XLA:CPU's temporaries grow by at least a float32 copy of the added
+    layers (twice their bf16 bytes); with them by less than half those bytes, and the loss
+    and every gradient are bitwise the same."""
+    options = jaxoff.compiler_options(None, backend="cpu")
+    grown = {}
+    for name, opts in (("xla", {}), ("jaxoff", options)):
+        temps, blocks = [], []
+        for layers in (2, 6):
+            compiled, args, nbytes = _grad_step(layers, opts)
+            temps.append(compiled.memory_analysis().temp_size_in_bytes)
+            blocks.append(nbytes)
+        added = blocks[1] - blocks[0]
+        grown[name] = (temps[1] - temps[0]) / added
+    assert grown["xla"] >= 2.0, grown
+    assert grown["jaxoff"] < 0.5, grown
+    (c1, args, _), (c2, _, _) = _grad_step(4, {}), _grad_step(4, options)
+    out1, out2 = c1(*args), c2(*args)
+    for a, b in zip(jax.tree.leaves(out1), jax.tree.leaves(out2), strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_the_trainer_compiles_its_step_with_them(tiny_train_args, monkeypatch):
+    seen = []
+    compile_placed = loop_module.compile_placed
+
+    def spy(lowered, placement, options=None):
+        seen.append(options)
+        return compile_placed(lowered, placement, options)
+
+    monkeypatch.setattr(loop_module, "compile_placed", spy)
+    args = {**tiny_train_args, "steps": 2}
+    train(TrainConfig(**args, param_dtype="bfloat16"))
+    train(TrainConfig(**{**args, "out_dir": args["out_dir"].parent / "f32"}))
+    assert seen == [jaxoff.compiler_options(None, backend="cpu"), {}]
