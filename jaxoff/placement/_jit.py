@@ -44,7 +44,7 @@ def compile_placed(lowered, placement: Placement | str | None, options=None):
     failed with ``host-call ... async-start expects the async shape ...``), one
     :class:`ConfigError` naming the placement and the routes that compile instead."""
     try:
-        return lowered.compile(options or None)
+        return lowered.compile(options) if options else lowered.compile()
     except Exception as e:
         placement = get_placement(placement)
         if placement.all_on_device or placement.update_kind != "host":
