@@ -35,6 +35,7 @@ from flax import nnx
 
 from jaxoff import compiler_options
 from jaxoff.optim import paged, update_and_apply
+from jaxoff.step import make_loss_fn
 
 GIB = 1 << 30
 
@@ -51,32 +52,33 @@ def measure(kind: str, layers: int, d_model: int, reps: int, root: str) -> dict:
     for name in ("xla_default", "jaxoff"):
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
         options = compiler_options(params) if name == "jaxoff" else {}
-
-        def loss_fn(p, x, y, graphdef=graphdef):
-            logits = nnx.merge(graphdef, p)(x)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
+        loss_fn = make_loss_fn(graphdef)  # the capacity bench's loss: mean cross-entropy
         tx = None
         if kind == "grad":
             state, donate = params, ()
 
-            def step(p, x, y):
+            def step(p, x, y, loss_fn=loss_fn):
                 return jax.value_and_grad(loss_fn)(p, x, y)
         else:
             tx = paged(optax.adamw(1e-4), f"{root}/{layers}-{name}", slots=1)
             state, donate = (params, tx.init(params)), 0
 
-            def step(state, x, y, tx=tx):
+            def step(state, x, y, tx=tx, loss_fn=loss_fn):
                 p, s = state
                 loss, g = jax.value_and_grad(loss_fn)(p, x, y)
                 return update_and_apply(tx, g, s, p), loss
 
         compiled = jax.jit(step, donate_argnums=donate).lower(state, x, y).compile(options or None)
-        temp = compiled.memory_analysis().temp_size_in_bytes
-        runs[name] = {"fn": compiled, "state": state, "times": [], "out": None, "losses": []}
-        runs[name]["tx"] = tx
-        runs[name]["temp_gib"] = temp / GIB
-        runs[name]["options"] = options
+        runs[name] = {
+            "fn": compiled,
+            "state": state,
+            "tx": tx,
+            "options": options,
+            "temp_gib": compiled.memory_analysis().temp_size_in_bytes / GIB,
+            "times": [],
+            "out": None,
+            "losses": [],
+        }
     for _ in range(reps + 1):  # the first round warms up
         for r in runs.values():
             t = time.perf_counter()

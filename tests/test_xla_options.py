@@ -5,11 +5,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 import jaxoff
 from jaxoff.nn import load_model, with_stack
+from jaxoff.step import make_loss_fn
 from jaxoff.train import TrainConfig, train
 from jaxoff.train import _loop as loop_module
 
@@ -35,11 +35,7 @@ def _grad_step(layers: int, options):
         cfg, num_layers=layers, d_model=256, num_heads=4, d_ff=1024, param_dtype="bfloat16"
     )
     graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
-
-    def loss(p, x, y):
-        logits = nnx.merge(graphdef, p)(x)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
+    loss = make_loss_fn(graphdef)
     x = jax.random.randint(jax.random.key(0), (2, 33), 0, 256)
     args = (params, x[:, :-1], x[:, 1:])
     compiled = jax.jit(jax.value_and_grad(loss)).lower(*args).compile(options or None)
