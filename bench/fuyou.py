@@ -63,7 +63,7 @@ import optax
 from flax import nnx
 from paged_step import replay_io
 
-from jaxoff.aio import PageStore, file_table_stats
+from jaxoff.aio import WAIT_COUNTERS, PageStore, file_table_stats
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import fused_adamw, paged
@@ -72,7 +72,6 @@ from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, ma
 
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}
-WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
 
 
 def _sync_commit(store, crcs=None, background=False):
@@ -170,7 +169,7 @@ def main():
             if before is not None:
                 after = file_table_stats(run["table"])
                 run["busy_s"] += (after["io_busy_ns"] - before["io_busy_ns"]) / 1e9
-                run["wait_s"] += sum(after[k] - before[k] for k in WAITS) / 1e9
+                run["wait_s"] += sum(after[k] - before[k] for k in WAIT_COUNTERS) / 1e9
         print(
             f"round {r}: "
             + "  ".join(

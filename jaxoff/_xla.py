@@ -22,6 +22,12 @@ import jax.numpy as jnp
 LOOP_INVARIANT_CODE_MOTION = "while-loop-invariant-code-motion"
 
 
+def is_half_float(dtype) -> bool:
+    """Whether ``dtype`` is a 16-bit float (bfloat16, float16), which XLA's CPU backend
+    computes in float32."""
+    return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize == 2
+
+
 def compiler_options(params=None, backend: str | None = None) -> dict[str, str]:
     """XLA compiler options for jitting a training step of ``params`` on ``backend``.
 
@@ -48,9 +54,6 @@ def compiler_options(params=None, backend: str | None = None) -> dict[str, str]:
     """
     if (backend or jax.default_backend()) != "cpu":
         return {}
-    if params is not None and not any(
-        jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize == 2
-        for x in jax.tree.leaves(params)
-    ):
+    if params is not None and not any(is_half_float(x.dtype) for x in jax.tree.leaves(params)):
         return {}
     return {"xla_disable_hlo_passes": LOOP_INVARIANT_CODE_MOTION}

@@ -81,7 +81,11 @@ def tokens(batch: int, seq: int):
 
 def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
     """``(compiled, jitted, abstract_state)`` of the real train step, state donated and
-    placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings)."""
+    placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings),
+    compiled as ``jaxoff train`` compiles it (with `jaxoff.compiler_options`: on CPU with
+    16-bit parameters, no float32 copy of the stacked layers), so that what ``jaxoff plan``
+    and ``jaxoff compare`` measure is the program that trains."""
+    from ._xla import compiler_options
     from .placement import abstract_with, compile_placed, jit_step, streamed_model
 
     tx = optimizer()
@@ -89,7 +93,8 @@ def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
     jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state)
     state = abstract_with(state, shardings)
     tok = tokens(batch, seq)
-    return compile_placed(jitted.lower(state, tok, tok), placement), jitted, state
+    options = compiler_options(state.params)
+    return compile_placed(jitted.lower(state, tok, tok), placement, options), jitted, state
 
 
 def export_step(model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None) -> str:

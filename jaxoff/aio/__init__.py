@@ -8,6 +8,7 @@ from ._engine import Engine as Engine
 from ._engine import EngineConfig as EngineConfig
 from ._engine import crc32c as crc32c
 from ._error_from import store_error_from as store_error_from
+from ._ffi_calls import WAIT_COUNTERS as WAIT_COUNTERS
 from ._ffi_calls import drain_prefetches as drain_prefetches
 from ._ffi_calls import encode_offsets as encode_offsets
 from ._ffi_calls import file_table_stats as file_table_stats
@@ -54,6 +55,7 @@ __all__ = [
     "page_take",
     "page_flush",
     "drain_prefetches",
+    "WAIT_COUNTERS",
     "file_table_stats",
     "flush_file_table",
     "register_file_table",

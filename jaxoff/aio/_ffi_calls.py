@@ -437,6 +437,11 @@ def flush_file_table(table: str, *, fsync: bool = False) -> None:
         raise KeyError(f"file table {table!r} is not registered")
 
 
+# `file_table_stats`' counters of time a step spent waiting on the table's I/O (nanoseconds):
+# takes waiting for their reads, prefetches and write-behind writes for staging, flushes
+WAIT_COUNTERS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
+
+
 def file_table_stats(table: str) -> dict[str, int] | None:
     """The split-phase staging of a table: ``tickets`` (prefetched, not taken),
     ``reads_in_flight``, ``writes_in_flight`` (write-behind), ``staging_in_use`` /

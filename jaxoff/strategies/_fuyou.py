@@ -76,6 +76,7 @@ from flax import nnx
 from jax import lax
 
 from jaxoff._errors import ConfigError
+from jaxoff._xla import is_half_float
 from jaxoff.aio import (
     HostCalls,
     PageStore,
@@ -1022,7 +1023,7 @@ def _stack_form(x: jax.Array) -> jax.Array:
     """How the scans hold a stacked block leaf: 16-bit floats as their bits (XLA's CPU
     backend computes them in float32, slices and updates included), wider floats as they
     are (converting those would only copy the whole stack, at each end of the step)."""
-    return _bits(x) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize == 2 else x
+    return _bits(x) if is_half_float(x.dtype) else x
 
 
 def _like(layer: list[jax.Array], stacked: list[jax.Array]) -> list[jax.Array]:

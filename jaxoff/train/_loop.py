@@ -14,7 +14,7 @@ import numpy as np
 from .. import _faults
 from .._errors import JaxoffError
 from .._xla import compiler_options
-from ..aio import file_table_stats
+from ..aio import WAIT_COUNTERS, file_table_stats
 from ..distributed import ShardedPagedStep, ShardedParams, init_sharded
 from ..placement import (
     abstract_with,
@@ -488,8 +488,6 @@ class IoSplit:
     paged.
     """
 
-    _WAITS = ("take_wait_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns")
-
     def __init__(self, tx, table: str | None = None):
         """``table``: the file table the step pages through (default: ``tx``'s pager's)."""
         self._table = table or getattr(getattr(tx, "pager", None), "table", None)
@@ -502,7 +500,7 @@ class IoSplit:
         if before is None or after is None:  # not paged, or the table was registered now
             return {}
         io = (after["io_busy_ns"] - before["io_busy_ns"]) / 1e9
-        wait = sum(after[k] - before[k] for k in self._WAITS) / 1e9
+        wait = sum(after[k] - before[k] for k in WAIT_COUNTERS) / 1e9
         return {
             "io_s": io,
             "io_wait_s": wait,
