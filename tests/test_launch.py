@@ -19,6 +19,7 @@ from _limits import HANG_S
 from jaxoff._errors import ConfigError, UsageError
 from jaxoff.distributed._launch import (
     LaunchSpec,
+    _supervise,
     child_argv,
     child_env,
     launch,
@@ -292,6 +293,29 @@ if me == 0:
 """
     assert run(LaunchSpec(2, 1, ("x",)), body, tmp_path) == 128 + signal.SIGKILL
     assert "jaxoff launch: process 0 was killed by SIGKILL" in capfd.readouterr().err
+
+
+def test_a_signal_death_is_reported_before_its_peers_errors_found_in_the_same_poll(capfd):
+    """Process 1 SIGKILLed, process 0 then failing on the broken connection: both found ended
+    in one poll, the launcher reports the kill and returns 128 + SIGKILL, whatever the order
+    of the processes."""
+
+    class Ended:
+        def __init__(self, code):
+            self.returncode = code
+
+        def poll(self):
+            return self.returncode
+
+        def send_signal(self, signum):
+            pass
+
+    for codes, victim in (((1, -signal.SIGKILL), 1), ((-signal.SIGKILL, 1), 0)):
+        procs = [Ended(c) for c in codes]
+        assert _supervise(procs, 0.1, []) == 128 + signal.SIGKILL
+        err = capfd.readouterr().err
+        assert f"process {victim} was killed by SIGKILL" in err, err
+        assert "exited with code 1" not in err, err
 
 
 @pytest.mark.subprocess

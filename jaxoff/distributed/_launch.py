@@ -245,9 +245,13 @@ def _supervise(procs: list[subprocess.Popen], grace_s: float, received: list[int
         for signum in received[told:]:
             _say(f"got {_signal_name(signum)}; passed it on to the running processes")
             told += 1
-        for i, p in enumerate(procs):
-            if done[i] or p.poll() is None:
-                continue
+        ended = [i for i, p in enumerate(procs) if not done[i] and p.poll() is not None]
+        # A process killed by a signal first: its peers then fail on their broken connections
+        # (a collective's "connection reset"), and may be found ended in the same poll; the
+        # signal is the cause to report (and the exit status), not the peers' errors.
+        ended.sort(key=lambda i: procs[i].returncode >= 0)
+        for i in ended:
+            p = procs[i]
             done[i] = True
             if p.returncode != 0 and status == 0:
                 status = p.returncode if p.returncode > 0 else 128 - p.returncode
