@@ -82,10 +82,8 @@ def tokens(batch: int, seq: int):
 def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
     """``(compiled, jitted, abstract_state)`` of the real train step, state donated and
     placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings),
-    compiled as ``jaxoff train`` compiles it (with `jaxoff.compiler_options`: on CPU with
-    16-bit parameters, no float32 copy of the stacked layers), so that what ``jaxoff plan``
-    and ``jaxoff compare`` measure is the program that trains."""
-    from ._xla import compiler_options
+    compiled as ``jaxoff train`` compiles it (``jit_step``: with `jaxoff.compiler_options`),
+    so that what ``jaxoff plan`` and ``jaxoff compare`` measure is the program that trains."""
     from .placement import abstract_with, compile_placed, jit_step, streamed_model
 
     tx = optimizer()
@@ -93,8 +91,7 @@ def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
     jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state)
     state = abstract_with(state, shardings)
     tok = tokens(batch, seq)
-    options = compiler_options(state.params)
-    return compile_placed(jitted.lower(state, tok, tok), placement, options), jitted, state
+    return compile_placed(jitted.lower(state, tok, tok), placement), jitted, state
 
 
 def export_step(model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None) -> str:

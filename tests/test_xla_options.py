@@ -9,9 +9,9 @@ from flax import nnx
 
 import jaxoff
 from jaxoff.nn import load_model, with_stack
+from jaxoff.placement import _jit as jit_module
 from jaxoff.step import make_loss_fn
 from jaxoff.train import TrainConfig, train
-from jaxoff.train import _loop as loop_module
 
 
 def test_options_only_on_cpu_with_16_bit_floats():
@@ -67,20 +67,20 @@ def test_a_bf16_stack_keeps_no_float32_copy_and_computes_the_same_bits():
 
 def test_the_trainer_compiles_its_step_with_them(tiny_train_args, monkeypatch):
     seen = []
-    compile_placed = loop_module.compile_placed
+    options_of = jit_module.compiler_options
 
-    def spy(lowered, placement, options=None):
-        seen.append(options)
-        return compile_placed(lowered, placement, options)
+    def spy(params):
+        seen.append(options_of(params))
+        return seen[-1]
 
-    monkeypatch.setattr(loop_module, "compile_placed", spy)
+    monkeypatch.setattr(jit_module, "compiler_options", spy)
     args = {**tiny_train_args, "steps": 2}
     train(TrainConfig(**args, param_dtype="bfloat16"))
     train(TrainConfig(**{**args, "out_dir": args["out_dir"].parent / "f32"}))
     assert seen == [jaxoff.compiler_options(None, backend="cpu"), {}]
 
 
-def test_plan_and_compare_compile_the_program_that_trains():
+def test_plan_and_compare_compile_the_program_that_trains(monkeypatch):
     """``jaxoff.step.compile_step`` (what ``jaxoff plan`` prices and ``jaxoff compare``
     measures) compiles with the options, as the trainer does: for a bf16 model its
     temporaries are those of the same program compiled with the options, below XLA's default
@@ -94,9 +94,11 @@ def test_plan_and_compare_compile_the_program_that_trains():
         cfg = dataclasses.replace(
             base, num_layers=6, d_model=256, num_heads=4, d_ff=1024, param_dtype=dtype
         )
-        compiled, jitted, state = compile_step(cfg, 2, 32)
+        compiled, _, state = compile_step(cfg, 2, 32)
+        with monkeypatch.context() as m:  # the same step jitted without the options
+            m.setattr(jit_module, "compiler_options", lambda params: {})
+            default, jitted, _ = compile_step(cfg, 2, 32)
         tok = jax.ShapeDtypeStruct((2, 32), jnp.int32)
-        default = jitted.lower(state, tok, tok).compile()
         temp = compiled.memory_analysis().temp_size_in_bytes
         temp_default = default.memory_analysis().temp_size_in_bytes
         blocks = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params["blocks"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 
 from .._errors import ConfigError
+from .._xla import compiler_options
 from ._placement import Placement, get_placement
 from ._shardings import batch_sharding, state_shardings
 
@@ -17,7 +18,9 @@ def jit_step(step_fn, placement: Placement | str | None, state, mesh=None):
     """``(jitted, state_shardings)``: ``step_fn`` jitted with the state donated and placed.
 
     ``state`` may be concrete or abstract (``jax.ShapeDtypeStruct`` leaves). Metrics
-    come back unconstrained.
+    come back unconstrained. Compiled with `jaxoff.compiler_options` of the state's
+    parameters (on CPU with 16-bit ones, no float32 copy of the stacked layers): the trainer,
+    ``jaxoff plan`` and ``jaxoff compare`` all compile the same program.
     """
     shardings = state_shardings(get_placement(placement), state, mesh)
     tokens = batch_sharding(mesh)
@@ -26,6 +29,7 @@ def jit_step(step_fn, placement: Placement | str | None, state, mesh=None):
         donate_argnums=0,
         in_shardings=(shardings, tokens, tokens),
         out_shardings=(shardings, None),
+        compiler_options=compiler_options(getattr(state, "params", state)) or None,
     )
     return jitted, shardings
 
@@ -37,14 +41,13 @@ def abstract_with(state, shardings):
     )
 
 
-def compile_placed(lowered, placement: Placement | str | None, options=None):
-    """``lowered.compile(options)`` (``options``: XLA compiler options, see
-    ``jaxoff.compiler_options``); where the placement runs the optimizer update as host
+def compile_placed(lowered, placement: Placement | str | None):
+    """``lowered.compile()``; where the placement runs the optimizer update as host
     computation and XLA cannot compile that (an XLA limitation on GPUs: JAX 0.11.2 on an H200
     failed with ``host-call ... async-start expects the async shape ...``), one
     :class:`ConfigError` naming the placement and the routes that compile instead."""
     try:
-        return lowered.compile(options) if options else lowered.compile()
+        return lowered.compile()
     except Exception as e:
         placement = get_placement(placement)
         if placement.all_on_device or placement.update_kind != "host":

@@ -13,7 +13,6 @@ import numpy as np
 
 from .. import _faults
 from .._errors import JaxoffError
-from .._xla import compiler_options
 from ..aio import WAIT_COUNTERS, file_table_stats
 from ..distributed import ShardedPagedStep, ShardedParams, init_sharded
 from ..placement import (
@@ -390,9 +389,9 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
             state = jax.tree.map(from_host, state, shardings)
         else:
             state = jax.device_put(state, shardings)
-        # on CPU with 16-bit parameters: no float32 copy of the stacked blocks (jaxoff._xla)
-        options = compiler_options(state.params)
-        step_fn = compile_placed(step_fn.lower(state, *batches(start)), placement, options)
+        # jit_step compiles with jaxoff.compiler_options (on CPU with 16-bit parameters: no
+        # float32 copy of the stacked blocks)
+        step_fn = compile_placed(step_fn.lower(state, *batches(start)), placement)
     compile_s = time.perf_counter() - t0
     if evaluate is None:
         loss_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
