@@ -26,8 +26,8 @@ import sys
 import time
 from unittest import mock
 
-from jaxoff import _xla
 from jaxoff.nn import load_model
+from jaxoff.placement import _jit
 from jaxoff.plan import profile
 from jaxoff.plan._config import compared_presets, preset_plan
 from jaxoff.plan._hardware import preset
@@ -38,8 +38,9 @@ HW = preset("h100-sxm")
 
 
 def _xla_default():
-    """``compile_step`` with the options turned off (XLA's default compile)."""
-    return mock.patch.object(_xla, "compiler_options", lambda *a, **k: {})
+    """``compile_step`` with the options turned off (XLA's default compile): ``jit_step``
+    jits it without them."""
+    return mock.patch.object(_jit, "compiler_options", lambda *a, **k: {})
 
 
 def run_model(model: str, layers: int, batch: int, seq: int) -> list[dict]:
