@@ -104,14 +104,14 @@ def test_parse_errors_are_clear(spec, needle):
         assert "layer_input" in str(e.value) and "mlp_down" in str(e.value)  # lists the names
 
 
-def test_train_config_accepts_every_spelling():
+def test_train_config_accepts_every_spelling(tmp_path):
     from jaxoff.train import TrainConfig
 
     for spec in ("selective", "attn_probs=remat,mlp_act=offload,*=device", "dots_saveable"):
         assert callable(TrainConfig(model="tiny", policy=spec).model_config().stack.policy)
     assert TrainConfig(model="tiny", policy="none").model_config().stack.policy is None
     with pytest.raises(ConfigError, match="valid names are"):
-        TrainConfig(model="tiny", policy="attn_probz=remat").validate()
+        TrainConfig(model="tiny", policy="attn_probz=remat", out_dir=tmp_path).validate()
 
 
 def test_toml_file(tmp_path):

@@ -113,8 +113,9 @@ def test_existing_run_is_not_overwritten_silently(tiny_train_args):
     assert len(train(dataclasses.replace(cfg, overwrite=True)).losses) == 2
 
 
-def test_no_recompilation_on_step_two():
-    cfg = TrainConfig(model="tiny", batch_size=2, seq_len=16)
+def test_no_recompilation_on_step_two(tmp_path):
+    # its own out_dir: the default (runs/default) may hold the user's run and its store
+    cfg = TrainConfig(model="tiny", batch_size=2, seq_len=16, out_dir=tmp_path / "run")
     tx = cfg.build_optimizer()
     graphdef, state = init_state(cfg.model_config(), tx, 0)
     step = jax.jit(make_train_step(graphdef, tx), donate_argnums=0)
@@ -135,10 +136,10 @@ def test_no_recompilation_on_step_two():
 
 
 @pytest.mark.parametrize("steps", [1, 2, 31])
-def test_schedule_of_a_short_run_warms_up_and_decays(steps):
+def test_schedule_of_a_short_run_warms_up_and_decays(steps, tmp_path):
     from jaxoff.train import TrainConfig
 
-    cfg = TrainConfig(steps=steps, warmup_steps=30, lr=1e-3)
+    cfg = TrainConfig(steps=steps, warmup_steps=30, lr=1e-3, out_dir=tmp_path / "run")
     sched = cfg.schedule()
     lrs = [float(sched(t)) for t in range(steps + 1)]
     assert lrs[0] == 0.0 and all(np.isfinite(lrs))
