@@ -29,6 +29,17 @@ if os.environ.get("JAXOFF_TEST_COMPILE_CACHE", "1") != "0":
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _doctest_namespace(request):
+    """The docstring examples of jaxoff/ (``pytest -p tests.conftest --doctest-modules jaxoff``)
+    see ``tmp_path`` and run in it: an example that writes a file writes it there, never into
+    the working tree."""
+    if isinstance(request.node, pytest.DoctestItem):
+        tmp_path = request.getfixturevalue("tmp_path")
+        request.getfixturevalue("doctest_namespace")["tmp_path"] = tmp_path
+        request.getfixturevalue("monkeypatch").chdir(tmp_path)
+
+
 @pytest.fixture
 def tiny_train_args(tmp_path):
     """Keyword arguments of a TrainConfig that trains in a couple of seconds."""

@@ -115,10 +115,10 @@ def simulate_gpu_without_cuda_module(monkeypatch, default_is_gpu=True):
         _cuda, "missing_reason", lambda: "jaxoff was built without CUDA (JAXOFF_CUDA=off)"
     )
     monkeypatch.setattr(_cuda, "default_is_gpu", lambda: default_is_gpu)
-    monkeypatch.setattr(_ffi_calls, "_cuda_checked", False)
-    monkeypatch.setattr(_ffi_calls, "_cuda_missing", "")
+    monkeypatch.setattr(_cuda, "_checked", False)
+    monkeypatch.setattr(_cuda, "_missing", "")
     # On a GPU machine an earlier test of this process may have registered the real targets.
-    monkeypatch.setattr(_ffi_calls, "_cuda_registered", False)
+    monkeypatch.setattr(_cuda, "_registered", False)
 
 
 CALLS = {

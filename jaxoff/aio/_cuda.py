@@ -113,6 +113,48 @@ def default_is_gpu() -> bool:
     return platform in ("gpu", "cuda")
 
 
+# The CUDA registration of this process (set by register(), read by cuda_status()).
+_checked = False
+_registered = False
+_missing = ""  # why a GPU backend exists without CUDA paging targets ("" otherwise)
+
+
+def register() -> None:
+    """Registers the CUDA paging targets with XLA, once, if JAX has a GPU backend.
+
+    :func:`jaxoff.aio.register_targets` calls it, holding its lock, after the CPU targets.
+    Without a GPU backend it does nothing; with one but no loadable ``jaxoff._ffi_cuda`` it
+    keeps the reason for :func:`missing`.
+    """
+    global _checked, _registered, _missing
+    if _checked:
+        return
+    _checked = True
+    if not gpu_backend_present():
+        return
+    mod = module()
+    if mod is None:
+        _missing = missing_reason()
+        return
+    mod.bind_host_api(_ffi.host_paging_api())
+    for name, type_registration in mod.state_types().items():
+        jax.ffi.register_ffi_type(name, type_registration, platform="CUDA")
+    for name, capsule in mod.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    _registered = True
+
+
+def registered() -> bool:
+    """The paging targets are registered for platform CUDA in this process."""
+    return _registered
+
+
+def missing() -> str:
+    """Why a GPU backend found by :func:`register` has no CUDA paging targets ("" if it has
+    them, or if there is no GPU backend or no registration yet)."""
+    return _missing
+
+
 def cuda_status() -> CudaStatus:
     """Whether the CUDA paging calls were built, load, and are registered here, and why not.
 
@@ -120,8 +162,6 @@ def cuda_status() -> CudaStatus:
     >>> s.registered <= s.importable
     True
     """
-    from jaxoff.aio import _ffi_calls  # the registration state lives there
-
     info = build_info()
     mod = module()
     runtime = dict(mod.runtime()) if mod is not None else None
@@ -139,6 +179,6 @@ def cuda_status() -> CudaStatus:
         toolkit=str(info["cuda_toolkit"]),
         targets=tuple(sorted(mod.registrations())) if mod is not None else (),
         gpu_backend=gpu_backend_present(),
-        registered=_ffi_calls.cuda_registered(),
+        registered=_registered,
         runtime=runtime,
     )

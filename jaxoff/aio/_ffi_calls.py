@@ -15,9 +15,8 @@ Offsets: with ``jax_enable_x64`` off JAX has no int64 arrays, so an offset opera
 int32 scalar (< 2 GiB), or ``uint32[2]`` = (low word, high word) — :func:`encode_offsets` makes
 those from Python/numpy integers. With x64 on, an int64 scalar works too.
 
->>> import jax, jax.numpy as jnp, tempfile, os
->>> d = tempfile.mkdtemp()
->>> register_file_table("doc", [os.path.join(d, "a.bin")])
+>>> import jax, jax.numpy as jnp
+>>> _ = register_file_table("doc", [tmp_path / "a.bin"])  # returns its registration number
 >>> @jax.jit
 ... def roundtrip(x):
 ...     crc, tok = page_out("doc", 0, encode_offsets(0), x, new_token())
@@ -69,17 +68,14 @@ PAGE_FLUSH = "jaxoff_page_flush"
 
 _lock = threading.Lock()
 _registered = False
-_cuda_checked = False
-_cuda_registered = False
-_cuda_missing = ""  # why a GPU backend exists without CUDA paging targets ("" otherwise)
 
 
 def register_targets() -> None:
     """Registers every jaxoff FFI target and state type with XLA. Idempotent.
 
     CPU always; when JAX has a GPU backend, also the paging targets for platform ``CUDA``
-    (from ``jaxoff._ffi_cuda``, if this build has it). State types can only be registered once
-    a backend exists, so this calls ``jax.devices()``.
+    (from ``jaxoff._ffi_cuda``, if this build has it: :func:`jaxoff.aio._cuda.register`).
+    State types can only be registered once a backend exists, so this calls ``jax.devices()``.
     """
     global _registered
     with _lock:
@@ -90,41 +86,22 @@ def register_targets() -> None:
             for name, capsule in _ffi.registrations().items():
                 jax.ffi.register_ffi_target(name, capsule, platform="cpu")
             _registered = True
-        _register_cuda()
-
-
-def _register_cuda() -> None:
-    """The CUDA paging targets, once, if JAX has a GPU backend (called with _lock held)."""
-    global _cuda_checked, _cuda_registered, _cuda_missing
-    if _cuda_checked:
-        return
-    _cuda_checked = True
-    if not _cuda.gpu_backend_present():
-        return
-    mod = _cuda.module()
-    if mod is None:
-        _cuda_missing = _cuda.missing_reason()
-        return
-    mod.bind_host_api(_ffi.host_paging_api())
-    for name, type_registration in mod.state_types().items():
-        jax.ffi.register_ffi_type(name, type_registration, platform="CUDA")
-    for name, capsule in mod.registrations().items():
-        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-    _cuda_registered = True
+        _cuda.register()
 
 
 def cuda_registered() -> bool:
     """The paging targets are registered for platform CUDA in this process."""
-    return _cuda_registered
+    return _cuda.registered()
 
 
 def _require_platform(target: str) -> None:
     """Registers the targets; a paging call traced for a GPU that has no CUDA handlers fails
     here with one line, not with an XLA lowering error at compile time."""
     register_targets()
-    if _cuda_missing and _cuda.default_is_gpu():
+    missing = _cuda.missing()
+    if missing and _cuda.default_is_gpu():
         raise JaxoffError(
-            f"{target} cannot run on the GPU: {_cuda_missing}; {_cuda.REINSTALL}, "
+            f"{target} cannot run on the GPU: {missing}; {_cuda.REINSTALL}, "
             f"or run the step on the CPU (jax.default_device(jax.devices('cpu')[0]))"
         )
 
@@ -348,8 +325,8 @@ def page_prefetch(
     by :func:`drain_prefetches`, by unregistering the table, or by a later prefetch that lacks
     room once they are 30 s old.
 
-    >>> import jax, jax.numpy as jnp, tempfile, os
-    >>> register_file_table("pf_doc", [os.path.join(tempfile.mkdtemp(), "a.bin")])
+    >>> import jax, jax.numpy as jnp
+    >>> _ = register_file_table("pf_doc", [tmp_path / "a.bin"])
     >>> @jax.jit
     ... def roundtrip(x):
     ...     crc, tok = page_out("pf_doc", 0, 0, x, new_token(), write_behind=True)
