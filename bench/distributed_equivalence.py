@@ -14,7 +14,7 @@ last step (and its ratio to the largest distance any parameter moved from its in
 value), the largest relative loss and gradient-norm difference, and how many steps' losses
 are bitwise equal.
 
-    python bench/distributed_equivalence.py --json bench/results/distributed_equivalence.json
+    python bench/distributed_equivalence.py --json bench/results/distributed_equivalence/2026-11-24.json
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import tyro
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,6 @@ def main(a: Args) -> dict:
         float(np.abs(b - i).max()) for i, b in zip(_initial_params(), ref_params, strict=True)
     )
     result = {
-        "command": "python bench/distributed_equivalence.py " + " ".join(sys.argv[1:]),
         "steps": a.steps,
         "reference": "two: 2 processes x 2 devices, paged",
         "largest_parameter_move": moved,
@@ -126,8 +128,7 @@ def main(a: Args) -> dict:
         result[name] = row
         print(f"{name} vs two: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_result("distributed_equivalence", args=vars(a), path=a.json, **result)
     return result
 
 

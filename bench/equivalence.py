@@ -14,7 +14,7 @@ jitted whole-tree step, as ratios to the floor:
   paged-optax  jaxoff.paged through tx.update + optax.apply_updates
 
 Distances to ``plain``: max |p - p_plain|, relative L2 ||p - p_plain|| / ||p_plain||, and the
-largest relative difference of the loss curves. Writes bench/results/equivalence.json.
+largest relative difference of the loss curves. Writes bench/results/equivalence/2026-11-23.json.
 
     python bench/equivalence.py [--steps 300]
 """
@@ -22,10 +22,11 @@ largest relative difference of the loss curves. Writes bench/results/equivalence
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,9 @@ import numpy as np
 import optax
 
 from jaxoff.optim import paged, update_and_apply
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 SIZES = (64, 256, 256, 10)
 
@@ -195,7 +199,6 @@ def main():
         for k in ("paged", "paged-optax")
     }
     result = {
-        "command": f"python bench/equivalence.py --steps {args.steps}",
         "model": f"MLP {SIZES}, {sum(x.size for x in jax.tree.leaves(init_params()))} "
         "parameters, float32",
         "optimizer": "chain(clip_by_global_norm(1.0), adamw(warmup-cosine 3e-3, b2=0.95, wd=0.1))",
@@ -211,9 +214,7 @@ def main():
         "first_loss": float(base[1][0]),
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write_result("equivalence", args=vars(args), path=args.out, **result)
     print(
         f"{args.steps} steps, loss {result['first_loss']:.4f} -> "
         f"{result['final_loss']['plain']:.4f} (plain)"

@@ -5,7 +5,7 @@ does without ``--page-params``), against built layer by layer by ``jaxoff.nn.lay
 whole trainer (``jaxoff train --fuyou --page-params``, a few steps) for its peak over the run.
 
     python bench/layerwise_init.py --model xl --store-dir /tmp/lwi \\
-        --json bench/results/layerwise_init_xl.json
+        --json bench/results/layerwise_init/xl.json
 
 Peak RSS is the child's ``ru_maxrss`` (``os.wait4``). The ratios are against the whole
 build's peak and against the model's parameter bytes, measured in the same run.
@@ -20,6 +20,10 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 
 def _init(model: str, store: str, how: str) -> None:
@@ -119,8 +123,9 @@ def main(argv=None) -> None:
     for k, v in summary.items():
         print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "records": recs, "summary": summary}, f, indent=1)
+        write_result(
+            "layerwise_init", args=vars(args), summary=summary, records=recs, path=args.json
+        )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ logs per step: the paging of its own store; checkpoints are off), and the step's
 two-process step to the one-process step, and the share of the one-process traffic each
 process moves. ``--json`` writes every figure.
 
-    python bench/multiprocess.py --json bench/results/multiprocess_tiny.json
+    python bench/multiprocess.py --json bench/results/multiprocess/tiny.json
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ import tempfile
 from pathlib import Path
 
 import tyro
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +109,6 @@ def main(a: Args) -> dict:
         last[1]["processes"][0]["read_mb_per_step"] + last[1]["processes"][0]["write_mb_per_step"]
     )
     result = {
-        "command": "python bench/multiprocess.py " + " ".join(sys.argv[1:]),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "step_s": {"1_process": times[1], "2_processes": times[2]},
         "median_step_s": {"1_process": one, "2_processes": two},
         "ratio_2_over_1": two / one,
@@ -137,8 +138,7 @@ def main(a: Args) -> dict:
             f"{row['write_mb_per_step']:.1f} MB per step ({share:.2f} of one process's)"
         )
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_result("multiprocess", args=vars(a), path=a.json, **result)
     return result
 
 

@@ -18,13 +18,12 @@ I/O time hidden, ``1 - (paged - compute-only) / pure I/O`` (clamped to [0, 1]), 
 ``jaxoff train``'s own ``io_hidden``. ``--json`` writes every figure.
 
     python bench/paged_step.py [--model mini --batch-size 16 --seq-len 128 --steps 20]
-    python bench/paged_step.py --json bench/results/paged_bound_mini.json
+    python bench/paged_step.py --json bench/results/paged_step/mini.json
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,9 @@ import tyro
 from jaxoff.aio import Engine, PageStore
 from jaxoff.optim import DEFAULT_ENGINE
 from jaxoff.train import TrainConfig, train
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,16 +201,15 @@ def main(args: Args) -> None:
         f"{summary['train_io_wait_s']:.3f} s, hidden {100 * summary['train_io_hidden']:.0f}%"
     )
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "command": "python bench/paged_step.py " + " ".join(sys.argv[1:]),
-            "args": dataclasses.asdict(args),
-            "summary": summary,
-            "in_ram_runs": ram,
-            "paged_runs": pag,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        out = write_result(
+            "paged_step",
+            args=dataclasses.asdict(args),
+            summary=summary,
+            path=args.json,
+            in_ram_runs=ram,
+            paged_runs=pag,
+        )
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -2,22 +2,24 @@
 pricing extrapolates (``jaxoff.plan._price``). Compiles one plan at several depths and
 reports the per-layer growth and the error of extrapolating from two depths.
 
-    python bench/plan_depth.py --json bench/results/plan_depth.json
+    python bench/plan_depth.py --json bench/results/plan_depth/2026-11-24.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
 import sys
+from pathlib import Path
 
 from plan_probe import SHAPES  # the two probed shapes (this script's directory)
 
 from jaxoff.plan import profile
 from jaxoff.plan._config import preset_plan
 from jaxoff.plan._profile import measured_temp_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 DEPTHS = (2, 3, 4, 6, 8, 12, 16, 24)
 PAIRS = ((2, 4), (4, 8))
@@ -28,7 +30,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--plans", default="full,attention_core,offload_dots")
-    ap.add_argument("--json", default="bench/results/plan_depth.json")
+    ap.add_argument("--json", default="bench/results/plan_depth/2026-11-24.json")
     a = ap.parse_args()
     rows = []
     for shape in a.shapes.split(","):
@@ -67,19 +69,7 @@ def main() -> None:
         for lo, hi in PAIRS
     }
     print("worst |error| per pair of depths:", {k: f"{100 * v:.2f}%" for k, v in worst.items()})
-    out = pathlib.Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            dict(
-                command="python bench/plan_depth.py " + " ".join(sys.argv[1:]),
-                worst_abs_error=worst,
-                rows=rows,
-            ),
-            indent=1,
-        )
-        + "\n"
-    )
+    write_result("plan_depth", args=vars(a), summary=worst, records=rows, path=a.json)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ process, once with ``compile_step`` as it is (the options) and once with the opt
 off (XLA's default compile, what the planner priced before), and compares each price with the
 full-depth step compiled as the trainer compiles it::
 
-    python bench/plan_options.py --json bench/results/plan_options.json
+    python bench/plan_options.py --json bench/results/plan_options/2026-11-28.json
 
 Prints, per model and plan, price / trained - 1 for both; and the profile's kept widening
 (XLA:CPU's float32 size of a kept bf16 residual per traced byte) both ways.
@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 from jaxoff.nn import load_model
@@ -33,6 +34,9 @@ from jaxoff.plan._config import compared_presets, preset_plan
 from jaxoff.plan._hardware import preset
 from jaxoff.plan._price import Pricer
 from jaxoff.plan._profile import measured_temp_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 HW = preset("h100-sxm")
 
@@ -114,12 +118,7 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=1))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {"command": "python " + " ".join(sys.argv), "rows": rows, "summary": summary},
-                f,
-                indent=1,
-            )
+        write_result("plan_options", args=vars(a), summary=summary, records=rows, path=a.json)
 
 
 if __name__ == "__main__":

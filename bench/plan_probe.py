@@ -7,7 +7,6 @@ recomputes the rest, on one held-out shape; writes ``bench/results/plan_probe/SH
 """
 
 import dataclasses
-import json
 import pathlib
 import sys
 
@@ -19,6 +18,9 @@ from jaxoff.plan import Plan, evaluate, profile  # noqa: E402
 from jaxoff.plan._profile import measured_temp_bytes  # noqa: E402
 from models.gpt import GPTConfig  # noqa: E402
 from models.llama import LlamaConfig  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import RESULTS, write_result  # noqa: E402
 
 SHAPES = {
     "gpt-d48h3-b3s149": (GPTConfig(6, 48, 3, 192, max_seq_len=160), 3, 149),
@@ -40,9 +42,9 @@ def main(shape: str, dtype: str, every_single: bool) -> None:
         meas = measured_temp_bytes(prof, cfg, dict(plan.actions))
         rows[k] = dict(actions=dict(plan.actions), pred=pred, meas=meas)
         print(f"{shape} {dtype} {k:22s} {pred:10d} {meas:10d} {pred / meas - 1:+.3%}", flush=True)
-    out = pathlib.Path("bench/results/plan_probe") / f"{shape}-{dtype}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(prof=prof.to_json(), rows=rows)))
+    out = RESULTS / "plan_probe" / f"{shape}-{dtype}.json"
+    args = dict(shape=shape, dtype=dtype, every_single=every_single)
+    write_result("plan_probe", args=args, records=rows, path=out, prof=prof.to_json())
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 from jaxoff.nn import load_model
 from jaxoff.plan import Plan, evaluate, profile, solve
@@ -32,6 +33,9 @@ from jaxoff.plan._config import compared_presets, preset_plan
 from jaxoff.plan._hardware import calibrate
 from jaxoff.plan._price import Pricer, solve_priced
 from jaxoff.plan._profile import measured_temp_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 
 def _model(name: str, dtype: str, layers: int | None):
@@ -200,7 +204,7 @@ def main():
     ap.add_argument("--out", default="runs/plan_validate.jsonl")
     ap.add_argument(
         "--json",
-        default="bench/results/plan_validate.json",
+        default="bench/results/plan_validate/2026-11-24.json",
         help="summary: the command, every memory case and the worst error per dtype",
     )
     a = ap.parse_args()
@@ -229,7 +233,6 @@ def main():
         worst[key] = max(worst.get(key, 0.0), abs(r["error"]))
         worst_model[key] = max(worst_model.get(key, 0.0), abs(r["error_model"]))
     summary = dict(
-        command="python bench/plan_validate.py " + " ".join(sys.argv[1:]),
         worst_abs_error=worst,
         within_5_percent=f"{sum(abs(r['error']) <= 0.05 for r in rows)}/{len(rows)}",
         worst_abs_error_model=worst_model,
@@ -239,8 +242,7 @@ def main():
         memory=rows,
         speed=speed,
     )
-    pathlib.Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(a.json).write_text(json.dumps(summary, indent=1) + "\n")
+    write_result("plan_validate", args=vars(a), path=a.json, **summary)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ another run directory (same cache). Reported per process: its wall time and the 
 time of ``jit(train_step)`` (from ``JAX_LOG_COMPILES``); medians over ``--rounds`` rounds,
 modes alternating.
 
-    python bench/resume_compile.py --rounds 3 --json bench/results/resume_compile_tiny.json
+    python bench/resume_compile.py --rounds 3 --json bench/results/resume_compile/tiny.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -26,6 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 MODES = ("ffi", "io_callback")
 _COMPILE = re.compile(r"Finished XLA compilation of jit\(train_step\) in ([0-9.]+) sec")
@@ -136,18 +138,17 @@ def main() -> None:
         "other_dir_wall_ffi_over_io_callback": f["other_dir_wall_s"] / c["other_dir_wall_s"],
     }
     same_loss = len({x[k] for x in records for k in ("final_loss", "other_dir_final_loss")}) == 1
-    out = {
-        "command": "python " + " ".join(sys.argv),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "args": vars(a) | {"json": str(a.json) if a.json else None},
-        "records": records,
-        "median": summary,
-        "ratios": ratios,
-        "final_loss_identical_across_modes_and_rounds": same_loss,
-    }
     print(json.dumps({"median": summary, "ratios": ratios, "same_final_loss": same_loss}, indent=1))
     if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_result(
+            "resume_compile",
+            args=vars(a),
+            summary=summary,
+            records=records,
+            path=a.json,
+            ratios=ratios,
+            final_loss_identical_across_modes_and_rounds=same_loss,
+        )
 
 
 if __name__ == "__main__":

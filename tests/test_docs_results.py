@@ -34,15 +34,15 @@ def test_every_named_result_is_committed_and_readable(name):
 
 # the capacity records quoted as records (10 steps, loss falling), by mode
 RECORDS = {
-    "capacity_fuyou_10steps.json": "fuyou",
-    "capacity_fuyou_10steps_current.json": "fuyou",
-    "capacity_fuyou_nvme_lr1e-6.json": "fuyou-nvme",
-    "capacity_plain_10steps.json": "plain",
+    "capacity/fuyou_10steps.json": "fuyou",
+    "capacity/fuyou_10steps_current.json": "fuyou",
+    "capacity/fuyou_nvme_lr1e-6.json": "fuyou-nvme",
+    "capacity/plain_10steps.json": "plain",
 }
 
 
 # records whose next size up was probed in a run of its own: (the record, the size up's file)
-SPLIT = {"capacity_paged_55.json": ("paged", "capacity_paged_56.json")}
+SPLIT = {"capacity/paged_55.json": ("paged", "capacity/paged_56.json")}
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from ._profile import Profile
 # depth): XLA shares some buffers with the stacked ones at small depths, so the per-layer
 # growth between 2 and 4 layers is below the growth further down (float32: extrapolating
 # from 2 and 4 layers to 24 errs by up to 2.7%, from 4 and 8 by up to 1.3%;
-# bench/results/plan_depth.json). Depth 1 would be another program: XLA drops a scan of
+# bench/results/plan_depth/2026-11-24.json). Depth 1 would be another program: XLA drops a scan of
 # length 1.
 PRICE_DEPTHS = (4, 8)
 MAX_ROUNDS = 8  # MILP solves in solve_priced (a compile pair only for each new plan)
@@ -45,7 +45,7 @@ TOLERANCE = 0.005  # of the device budget: a priced plan this close to its limit
 # of the device budget, kept free for the extrapolation's own error: from 4 and 8 layers to
 # 12-24 it was within 1.3% in float32 and 4.2% in bfloat16 (XLA's CPU backend, whose
 # widening of bfloat16 varies with depth) on the probes of bench/plan_depth.py
-# (bench/results/plan_depth.json)
+# (bench/results/plan_depth/2026-11-24.json)
 MARGIN = 0.05
 
 
