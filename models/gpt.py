@@ -173,7 +173,7 @@ CONFIGS: dict[str, GPTConfig] = _named(
         "6.7b": _gpt2(32, 4096, 32, max_seq_len=2048),  # 6.4B
         "13b": _gpt2(40, 5120, 40, max_seq_len=2048),  # 12.6B
         # deep and narrow: its layer boundaries dominate its activations, as Chen et al.'s
-        # segments need (`sqrt` runs segments of 2 blocks here; see docs/policies.md)
+        # segments need (`sqrt` runs segments of 2 blocks here; see docs/guide/policies.md)
         "deep": _gpt2(128, 64, 2, max_seq_len=256),  # 6.4M
     }
 )

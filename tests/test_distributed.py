@@ -244,7 +244,7 @@ def test_two_processes_train_as_the_same_mesh_does(runner, two, tmp_path):
     for other in (Record.of(plain), single, Record.of(streamed)):
         assert other.losses[0] == record.losses[0]  # the same initial model and batch
         # the weights move by up to ~1e-2 in 10 AdamW steps; the runs agree to within 1% of
-        # that (measured after 4 steps: 1.7e-6 for a move of 6.5e-3, see docs/distributed.md)
+        # that (measured after 4 steps: 1.7e-6 for a move of 6.5e-3, see docs/guide/distributed.md)
         moved = max(np.abs(b - a).max() for a, b in zip(init.params, record.params, strict=True))
         worst = max(np.abs(a - b).max() for a, b in zip(other.params, record.params, strict=True))
         assert worst <= 0.01 * moved, (worst, moved)

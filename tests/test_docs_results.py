@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+DOCS = [d for d in DOCS if d.exists()]
 NAMED = re.compile(r"bench/results/[A-Za-z0-9_.\-/]*[A-Za-z0-9_\-/]")
 
 

@@ -183,7 +183,7 @@ def probe(**kw) -> dict:
     rec = json.loads(r.stdout.strip().splitlines()[-1])
     if not rec["ok"] and HOST_COMPUTE_REFUSED in rec.get("error", ""):
         # jaxoff.placement.compile_placed's ConfigError: this XLA does not compile the update
-        # as host computation (JAX 0.11.2 on an H100 and an H200; docs/gpu.md). Any other
+        # as host computation (JAX 0.11.2 on an H100 and an H200; docs/guide/gpu.md). Any other
         # failure fails the test.
         pytest.xfail(f"JAX {jax.__version__}: {rec['error'][:400]}")
     assert rec["ok"], rec

@@ -176,7 +176,7 @@ def test_segments_refuse_a_policy_that_is_not_nothing_saveable(policy):
 
 def test_the_shipped_deep_model_runs_sqrt_in_segments_of_two():
     """``jaxoff compare --model deep --policies full,sqrt`` is where compare shows sqrt beating
-    full (docs/policies.md): at its default batch 8 x 128, apply_policy's "auto" resolves to
+    full (docs/guide/policies.md): at its default batch 8 x 128, apply_policy's "auto" resolves to
     segments of 2, and a shipped shape such as tiny's stays at 1 (the same program as full)."""
     from jaxoff.models.gpt import CONFIGS
     from jaxoff.policy import apply_policy

@@ -4,7 +4,7 @@ A strategy is a function ``Context -> Recipe`` registered by name (:func:`regist
 :class:`Recipe` is data (policy spelling, placement, paged optimizer, model overrides,
 update in backward). ``jaxoff compare --strategies all`` measures every registered
 strategy; :func:`strategy_overrides` gives the ``TrainConfig`` values that run one;
-:func:`prepare` builds its jitted step. See ``docs/porting.md``.
+:func:`prepare` builds its jitted step. See ``docs/guide/porting.md``.
 
 Example:
     >>> from jaxoff.models.gpt import CONFIGS

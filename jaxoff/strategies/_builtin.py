@@ -5,7 +5,7 @@ jaxoff does not: decisions taken at run time (eviction, adaptive windows, measur
 iterations), searches over a schedule, activation swapping to SSD, kernels of its own. Under
 XLA's static compilation there is one compiled program per step, one plan for every scanned
 layer, and transfers are scheduled by XLA. On a CPU, XLA drops host placements of
-activations: offloaded residuals stay in device memory there (see ``docs/policies.md``).
+activations: offloaded residuals stay in device memory there (see ``docs/guide/policies.md``).
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def fuyou(ctx: Context) -> Recipe:
     update have no data path between them (checked on the traced program). Differs: on the
     2-core CPU measured, with each layer's state read a layer ahead, the step is 0.99-1.07
     times the sequential paged step and 1.26 times its bound (``bench/fuyou.py``,
-    docs/strategies.md); the update runs in the
+    docs/design/strategies.md); the update runs in the
     compiled program, not on the host CPU beside a GPU's backward. Not done: Fuyou's
     activation swapping to SSD (activations stay on the device: each block's input, the
     block recomputed) and its automatic choice of how much to swap. The step comes from

@@ -2,7 +2,7 @@
 optionally the block parameters paged too (ZeRO-Infinity's parameter offload).
 
 The public names of ``jaxoff.strategies._fuyou`` (see its module docstring and
-``docs/strategies.md``); ``examples/fuyou_nvme.py`` trains a model with both paged;
+``docs/design/strategies.md``); ``examples/fuyou_nvme.py`` trains a model with both paged;
 `fuyou_save` / `fuyou_restore` checkpoint the store's part of the state (``jaxoff train
 --fuyou [--page-params]`` runs all of it).
 """

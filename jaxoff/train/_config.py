@@ -46,7 +46,7 @@ class TrainConfig:
         data: a text file or folder (bytes, or text for --tokenizer); a ``.bin`` token file
             (raw little-endian uint16 ids as nanoGPT's ``prepare.py`` writes, or uint32: see
             --token-dtype) or a ``.npy`` token file, memory-mapped; default: this Python's
-            standard-library source. See ``docs/your-model.md``.
+            standard-library source. See ``docs/guide/your-model.md``.
         tokenizer: a Hugging Face ``tokenizers`` JSON file that encodes the --data text
             (needs ``pip install 'jaxoff[data]'``); the model's vocab_size must cover its
             vocabulary.
