@@ -77,7 +77,7 @@ def test_parse_compact_string_and_preset_base():
     )
     # without '*', names not listed are recomputed (as in JAX's names-based policies)
     assert Policy.parse("mlp_act=device").names_with(Action.DEVICE) == ("mlp_act",)
-    q = Policy.parse("selective,mlp_act=offload")
+    q = get_policy("selective,mlp_act=offload")
     assert q.action("attn_probs") is Action.REMAT and q.action("mlp_act") is Action.OFFLOAD
     assert q.action("attn_q") is Action.DEVICE
     assert Policy.parse(p.describe()) == p
@@ -117,7 +117,7 @@ def test_train_config_accepts_every_spelling(tmp_path):
 def test_toml_file(tmp_path):
     f = tmp_path / "p.toml"
     f.write_text('[policy]\npreset = "selective"\nmlp_act = "offload"\n')
-    assert load_policy_file(f) == Policy.parse("selective,mlp_act=offload")
+    assert load_policy_file(f) == get_policy("selective,mlp_act=offload")
     assert get_policy(str(f)) == load_policy_file(f)
     g = tmp_path / "q.toml"
     g.write_text('"*" = "remat"\nsegments = "sqrt"\n')
@@ -134,8 +134,16 @@ def test_toml_file(tmp_path):
 def test_every_shipped_policy_file_parses():
     from pathlib import Path
 
-    for f in sorted((Path(__file__).parent.parent / "configs").glob("**/*policy*.toml")):
-        load_policy_file(f)
+    configs = Path(__file__).parent.parent / "configs"
+    files = sorted(configs.glob("**/*policy*.toml"))
+    assert files, "configs/ ships no *policy*.toml file: the loop below would check nothing"
+    for f in files:
+        policy = load_policy_file(f)
+        assert get_policy(str(f)) == policy
+        assert apply_policy(CONFIGS["tiny"], str(f)).stack.policy is not None, f
+    shipped = load_policy_file(configs / "policies" / "selective-offload-mlp-policy.toml")
+    assert shipped == get_policy("selective,mlp_act=offload")
+    assert shipped.offloaded() == ("mlp_act",)
 
 
 def test_policy_is_complete_and_frozen():
@@ -164,7 +172,7 @@ def test_sqrt_segments(tmp_path):
     with pytest.raises(
         ConfigError, match="segments = 'sqrt' .* cannot also keep or offload mlp_act"
     ):
-        Policy.parse("sqrt,mlp_act=offload")
+        get_policy("sqrt,mlp_act=offload")
     f = tmp_path / "kept.toml"
     f.write_text('segments = "sqrt"\nuntagged = "dots_saveable"\n"*" = "remat"\n')
     with pytest.raises(ConfigError, match="untagged values .dots_saveable.*segments = 'layer'"):

@@ -170,7 +170,7 @@ def test_presets_over_llama_names_treat_mlp_gate_as_a_projection():
     assert preset("selective", LLAMA_NAMES).action("mlp_gate") is Action.DEVICE
     assert preset("full", LLAMA_NAMES).action("mlp_gate") is Action.REMAT
     assert "mlp_gate" in preset("offload_all", LLAMA_NAMES).offloaded()
-    q = Policy.parse("selective,mlp_gate=offload", names=LLAMA_NAMES)
+    q = get_policy("selective,mlp_gate=offload", names=LLAMA_NAMES)
     assert q.offloaded() == ("mlp_gate",) and q.action("attn_probs") is Action.REMAT
     # the GPT's names have no gate: the default names reject it, listing the GPT's
     with pytest.raises(ConfigError, match="'mlp_gate' is not a residual name.*layer_input"):

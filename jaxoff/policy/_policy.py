@@ -183,32 +183,22 @@ class Policy:
         return cls(tuple((n, start[n]) for n in valid), **kw)
 
     @classmethod
-    def parse(cls, text: str, *, names: Sequence[str] | None = None) -> Policy:
-        """Parses ``"name=action,...,*=action"`` over ``names`` (default: the GPT's); a
-        leading preset name is a base.
+    def parse(
+        cls, text: str, *, names: Sequence[str] | None = None, base: Policy | None = None
+    ) -> Policy:
+        """Parses ``"name=action,...,*=action"`` over ``names`` (default: the GPT's), on top
+        of ``base`` (names it does not list keep ``base``'s action).
 
-        ``"selective,mlp_act=offload"`` starts from the ``selective`` preset evaluated over
-        ``names``.
+        A preset as the base (``"selective,mlp_act=offload"``) is spelled through
+        :func:`jaxoff.policy.get_policy`, which resolves the preset's name.
 
         Raises:
-            ConfigError: a name that is not one of ``names`` (listing them), an unknown action
-                or preset, an item that is not ``name=action``, a name given twice.
+            ConfigError: a name that is not one of ``names`` (listing them), an unknown
+                action, an item that is not ``name=action``, a name given twice.
         """
-        from ._presets import PRESETS, preset
-
         items = [item.strip() for item in text.split(",") if item.strip()]
-        if not items:
+        if not items and base is None:
             raise ConfigError("empty policy; write e.g. 'attn_probs=remat,*=device'")
-        valid = as_names(names)
-        base = None
-        if "=" not in items[0]:
-            name = items.pop(0)
-            if name not in PRESETS:
-                raise ConfigError(
-                    f"policy {text!r}: {name!r} is neither a preset nor name=action; "
-                    f"presets are {', '.join(PRESETS)}"
-                )
-            base = preset(name, valid)
         mapping: dict[str, str] = {}
         for item in items:
             key, sep, value = item.partition("=")
@@ -220,7 +210,7 @@ class Policy:
             if key.strip() in mapping:
                 raise ConfigError(f"policy {text!r}: {key.strip()!r} is given twice")
             mapping[key.strip()] = value.strip()
-        return cls.from_mapping(mapping, names=valid, base=base)
+        return cls.from_mapping(mapping, names=as_names(names), base=base)
 
     def for_names(self, names: Sequence[str] | None = None) -> Policy:
         """This policy over ``names`` (default: the GPT's), e.g. a model's ``residual_names``.

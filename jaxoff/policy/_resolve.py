@@ -52,8 +52,23 @@ def get_policy(spec: Spec, names: Sequence[str] | None = None) -> Policy:
     if spec.endswith(".toml"):
         return load_policy_file(spec, names)
     if "=" in spec or "," in spec:
-        return Policy.parse(spec, names=names)
+        return _parse(spec, names)
     raise ConfigError(_unknown_spec(spec, as_names(names)))
+
+
+def _parse(spec: str, names: Sequence[str] | None) -> Policy:
+    """``name=action,...``, with an optional leading preset name as the base."""
+    head, _, rest = spec.partition(",")
+    head = head.strip()
+    if "=" in head or not head:
+        return Policy.parse(spec, names=names)
+    if head not in PRESETS:
+        raise ConfigError(
+            f"policy {spec!r}: {head!r} is neither a preset nor name=action; "
+            f"presets are {', '.join(PRESETS)}"
+        )
+    valid = as_names(names)
+    return Policy.parse(rest, names=valid, base=preset(head, valid))
 
 
 def resolve_policy(spec: Spec, names: Sequence[str] | None = None):
