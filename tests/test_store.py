@@ -456,6 +456,30 @@ def test_missing_and_foreign_stores(tmp_path):
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(PageStoreError, match="not empty and holds no page store.*notes.txt"):
         PageStore.create(tmp_path / "busy", ENTRIES, chunk_bytes=KB4)
+    # open_or_create refuses it too, before anything is written there (not even its LOCK)
+    with pytest.raises(PageStoreError, match="not empty and holds no page store.*notes.txt"):
+        PageStore.open_or_create(tmp_path / "busy", ENTRIES, chunk_bytes=KB4)
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
+
+
+def test_a_store_is_marked_with_its_id_and_files(tmp_path):
+    from jaxoff.aio._store_files import MARKER, owned_files, read_marker, remove_owned
+
+    root = tmp_path / "s"
+    with PageStore.create(root, ENTRIES, chunk_bytes=KB4) as store:
+        files = store.file_table()
+    marker = read_marker(str(root))
+    assert len(marker["id"]) == 32
+    assert sorted(str(root / f) for f in marker["files"]) == sorted(files)
+    (root / "mine.txt").write_text("the user's")  # added to a store's folder later
+    owned = owned_files(str(root))
+    assert str(root / "mine.txt") not in owned and set(files) <= set(owned)
+    remove_owned(str(root), owned)  # what a rebuild of the store deletes
+    assert sorted(p.name for p in root.iterdir()) == ["LOCK", MARKER, "mine.txt"]
+    # re-created (the marker tells it is ours): same id
+    with PageStore.open_or_create(root, ENTRIES, chunk_bytes=KB4) as store:
+        assert store.version == 0
+    assert read_marker(str(root))["id"] == marker["id"]
 
 
 def _signed(doc):

@@ -31,7 +31,13 @@ from jaxoff.aio._store_errors import (
     PageStoreNotFoundError,
     PageStoreTornError,
 )
-from jaxoff.aio._store_files import FileTable
+from jaxoff.aio._store_files import (
+    FileTable,
+    owned_files,
+    read_marker,
+    strangers,
+    write_marker,
+)
 
 IN_PLACE_MARK = "IN_PLACE_OPEN"
 """File present while a single-slot store is open (or after its user died)."""
@@ -114,6 +120,7 @@ class PageStore:
             (and ``exist_ok`` is false) or unrelated files.
         """
         layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
+        _refuse_strangers(root, layout)
         root = _make_root(root)
         lock = StoreLock(root)
         try:
@@ -165,6 +172,7 @@ class PageStore:
             the differences).
         """
         layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
+        _refuse_strangers(root, layout)  # before anything is written there (LOCK included)
         root = _make_root(root)
         lock = StoreLock(root)  # before looking, so two racing callers cannot both create
         try:
@@ -198,20 +206,17 @@ class PageStore:
                 old_layout = _manifest.read(root)[0]
             except PageStoreError:
                 pass  # unreadable: nothing to clean up that we could name
-        elif not exist_ok:
-            ours = {"LOCK", _manifest.MANIFEST_TMP, IN_PLACE_MARK}
-            ours |= {d.split(os.sep)[0] for d in layout.dirs if not os.path.isabs(d)}
-            strangers = sorted(set(os.listdir(root)) - ours)
-            if strangers:
-                raise PageStoreError(
-                    f"{root} is not empty and holds no page store (it has "
-                    f"{', '.join(strangers[:5])}); give the store its own directory"
-                )
+        else:
+            _refuse_strangers(root, layout)  # again, under the lock
         crcs = {s: {e.name: [None] * len(e.chunks) for e in layout.entries} for s in SLOTS}
         store = cls(root, layout, 0, crcs, lock)
+        # the marker first, naming every file this store may leave (the old layout's too)
+        old_files = owned_files(root, old_layout) or []
+        store_id = write_marker(root, store._files.paths + old_files)
         store._files.allocate_all()
         if old_layout is not None:
             store._files.remove_stale(root, old_layout)
+        write_marker(root, store._files.paths, store_id)
         _manifest.write(root, layout, 0, crcs)
         store._mark_in_place()
         return store
@@ -220,6 +225,8 @@ class PageStore:
     def _open_locked(cls, root: str, lock: StoreLock) -> PageStore:
         layout, version, crcs = _manifest.read(root)
         store = cls(root, layout, version, crcs, lock)
+        if read_marker(root) is None:  # a store made before markers: its layout names its files
+            write_marker(root, store._files.paths)
         store._files.check(crcs, store.active_slot, version)
         if layout.slots == 1 and os.path.exists(os.path.join(root, IN_PLACE_MARK)):
             store._check_not_torn()
@@ -618,6 +625,21 @@ class PageStore:
                 f"crc32c 0x{want:08x}, got 0x{got:08x}. The data on disk was damaged; "
                 + RESTORE_HINT
             )
+
+
+def _refuse_strangers(root: str | os.PathLike, layout: Layout) -> None:
+    """Refuses a folder that holds files and is not a page store: a store is given a folder
+    of its own, and jaxoff never deletes (or writes among) files it did not write."""
+    root = os.path.abspath(os.fspath(root))
+    ours = {d.split(os.sep)[0] for d in layout.dirs if not os.path.isabs(d)}
+    found = [n for n in strangers(root) if n not in ours]
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise PageStoreError(
+            f"{root} is not empty and holds no page store (it has {shown}); give the store "
+            f"an empty or new directory of its own (jaxoff writes and deletes only its own "
+            f"files there)"
+        )
 
 
 def _make_root(root: str | os.PathLike) -> str:

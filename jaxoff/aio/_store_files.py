@@ -157,3 +157,110 @@ class FileTable:
 
     def disk_bytes(self) -> int:
         return sum(os.stat(p).st_blocks * 512 for p in self.paths if os.path.exists(p))
+
+
+# ----------------------------------------------------------------- ownership
+
+MARKER = "jaxoff-store.json"
+"""The store's marker: written when the store is created, before any page file, it names the
+store (a random id) and every file its layout allocates. A folder without it (or without a
+``manifest.json``) is not a jaxoff store, and jaxoff deletes nothing in it."""
+MARKER_FORMAT = "jaxoff-store-owner/1"
+# files of the store's own machinery, beside the page files
+_OWN_NAMES = ("manifest.json", "manifest.json.tmp", "IN_PLACE_OPEN", MARKER + ".tmp")
+_HOUSEKEEPING = ("LOCK", MARKER, *_OWN_NAMES)
+
+
+def _rel(root: str, path: str) -> str:
+    rel = os.path.relpath(path, root)
+    return path if rel.startswith("..") else rel
+
+
+def write_marker(root: str, paths: list[str], store_id: str | None = None) -> str:
+    """Writes ``<root>/jaxoff-store.json`` atomically (fsynced) naming ``paths`` (absolute)
+    as the store's files; returns the store id (``store_id``, else the marker's, else new)."""
+    import json
+    import uuid
+
+    if store_id is None:
+        old = read_marker(root)
+        store_id = old["id"] if old else uuid.uuid4().hex
+    doc = {"format": MARKER_FORMAT, "id": store_id, "files": sorted(_rel(root, p) for p in paths)}
+    tmp = os.path.join(root, MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(root, MARKER))
+    fsync_dir(root)
+    return store_id
+
+
+def read_marker(root: str) -> dict | None:
+    """The marker's document, or None when there is none or it is unreadable."""
+    import json
+
+    try:
+        with open(os.path.join(root, MARKER)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = (
+        isinstance(doc, dict)
+        and doc.get("format") == MARKER_FORMAT
+        and isinstance(doc.get("id"), str)
+        and isinstance(doc.get("files"), list)
+        and all(isinstance(p, str) for p in doc["files"])
+    )
+    return doc if ok else None
+
+
+def is_store(root: str | os.PathLike) -> bool:
+    """Whether ``root`` is a jaxoff page store (it has its manifest or its marker)."""
+    root = os.fspath(root)
+    return any(os.path.isfile(os.path.join(root, n)) for n in ("manifest.json", MARKER))
+
+
+def strangers(root: str | os.PathLike) -> list[str]:
+    """The entries of folder ``root`` that are not a store's own (sorted; [] when ``root``
+    is missing, empty, or a store: a store's folder belongs to it)."""
+    root = os.fspath(root)
+    if not os.path.isdir(root) or is_store(root):
+        return []
+    return sorted(n for n in os.listdir(root) if n not in _HOUSEKEEPING)
+
+
+def owned_files(root: str, layout: Layout | None = None) -> list[str] | None:
+    """Every file the store at ``root`` can prove it wrote (absolute paths): the files its
+    marker names, those of ``layout`` (its manifest's, when readable) and its machinery's
+    (manifest, marks); None when it has neither a readable marker nor a layout."""
+    marker = read_marker(root)
+    if marker is None and layout is None:
+        return None
+    files = {os.path.join(root, n) for n in _OWN_NAMES}
+    if marker is not None:
+        files |= {os.path.normpath(os.path.join(root, p)) for p in marker["files"]}
+    if layout is not None:
+        files |= set(FileTable(root, layout).paths)
+    return sorted(files)
+
+
+def remove_owned(root: str, files: list[str]) -> None:
+    """Deletes ``files`` (those `owned_files` named) and the folders of them that are left
+    empty, up to ``root`` (kept, with its ``LOCK`` and marker); nothing else."""
+    dirs = set()
+    for path in files:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        dirs.add(os.path.dirname(path))
+    root = os.path.normpath(root)
+    for d in sorted(dirs, key=len, reverse=True):
+        while os.path.normpath(d) != root and d.startswith(root + os.sep):
+            try:
+                os.rmdir(d)  # only when empty: another file there is not ours
+            except OSError:
+                break
+            d = os.path.dirname(d)
+    fsync_dir(root)

@@ -170,9 +170,27 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
     """
     pager = _pager(tx)
     plan = pager.plan(canonical(params))
+    settle(pager)  # steps still in flight commit first, not over the restored version
     store = pager.open_store(plan, discard_torn=True)  # every chunk is rewritten below
     crcs, _ = copy_in(store, plan, directory)
     return _state(plan, store, store.version, crcs)
+
+
+def settle(pager) -> None:
+    """Waits for what is in flight before a restore takes the store over (as ``tx.close()``
+    does): the steps dispatched and not yet read (their page writes and commits) and a
+    background commit. Without it a step still running commits over the restored version,
+    whose state then reads as corrupt or stale. A failed step's error stays that step's:
+    the restore rewrites every chunk."""
+    from jaxoff.optim._paged import wait_for_steps
+
+    wait_for_steps()
+    store = pager.store
+    if store is not None and not store.closed:
+        try:
+            store.wait_committed()
+        except PageStoreError:
+            pass
 
 
 def copy_in(

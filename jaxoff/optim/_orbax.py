@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxoff.aio import PageStoreError
-from jaxoff.optim._checkpoint import copy_in, copy_out
+from jaxoff.optim._checkpoint import copy_in, copy_out, settle
 from jaxoff.optim._checks import chain_members
 from jaxoff.optim._paged import PagedTransformation, Pager, canonical, stale_reason
 from jaxoff.optim._state import PagedState
@@ -144,6 +144,7 @@ class PagedCheckpointHandler(ocp.CheckpointHandler):
         )
         pager = find_pager(args.tx)
         plan = _plan(pager, args.params)
+        settle(pager)  # steps in flight commit before the restore takes the store over
         store = pager.open_store(plan, discard_torn=True)  # every chunk is rewritten
         copy_in(store, plan, pages, same_parity=True)
         return tree

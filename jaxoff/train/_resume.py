@@ -4,6 +4,7 @@ resumed one (from which checkpoint, with its working page store rebuilt if damag
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -22,15 +23,52 @@ def say(message: str) -> None:
     print(f"{who or 'jaxoff train'}: {message}", file=sys.stderr, flush=True)
 
 
+def check_out_dir(cfg: TrainConfig) -> None:
+    """Refuses what `prepare_out_dir` would refuse, reading only (run before the run's lock
+    is taken and before anything is written)."""
+    out = Path(cfg.out_dir)
+    if cfg.resume:
+        if not (out / "config.json").exists() and stopped_before_config(out):
+            return  # started by --resume: see prepare_out_dir
+        check_resumable(out, cfg.to_json(), RESUMABLE_CHANGES)
+        _check_unchecksummed(cfg)
+        return
+    if holds_run(out) and not cfg.overwrite:
+        raise ConfigError(
+            f"--out-dir {out} already holds a run; pass --resume to continue it, "
+            f"--overwrite to replace it, or choose another --out-dir"
+        )
+
+
+def holds_run(out: Path) -> bool:
+    return (out / "config.json").exists() or (out / "metrics.jsonl").exists()
+
+
+def stopped_before_config(out: Path) -> bool:
+    """Whether ``out`` holds a run that was stopped before it wrote its ``config.json``: its
+    lock is there, and nothing a run writes after the config (metrics, checkpoints)."""
+    return (
+        (out / "run.lock").is_file()
+        and not holds_run(out)
+        and not step_dirs(out / "checkpoints")
+        and not step_dirs(out / "checkpoints_paged")
+    )
+
+
 def prepare_out_dir(cfg: TrainConfig) -> int | None:
     """Readies ``cfg.out_dir`` (the caller holds its lock); returns the checkpoint step a
     resume starts from (verified, see :func:`pick_step`), or ``None`` to start at step 0."""
     out = Path(cfg.out_dir)
     ckpt_dir = out / "checkpoints"
     config_path = out / "config.json"
-    if cfg.resume:
-        check_resumable(out, cfg.to_json(), RESUMABLE_CHANGES)
-        _adopt_unchecksummed(out)
+    check_out_dir(cfg)
+    if cfg.resume and not config_path.exists():  # check_out_dir let it through: see there
+        say(
+            f"the run in {out} stopped before it saved its options (config.json); starting "
+            f"it from step 0"
+        )
+    elif cfg.resume:
+        _adopt_unchecksummed(cfg)
         complete = complete_steps(ckpt_dir)
         for s in step_dirs(ckpt_dir):
             if s not in complete:  # a save cut short: it never counted
@@ -47,38 +85,107 @@ def prepare_out_dir(cfg: TrainConfig) -> int | None:
             )
             return None
         return pick_step(cfg)
-    if config_path.exists() or (out / "metrics.jsonl").exists():
-        if not cfg.overwrite:
-            raise ConfigError(
-                f"--out-dir {out} already holds a run; pass --resume to continue it, "
-                f"--overwrite to replace it, or choose another --out-dir"
-            )
-        for name in ("metrics.jsonl", "config.json"):
-            (out / name).unlink(missing_ok=True)
-        for path in out.glob("metrics.process-*.jsonl"):  # of a run over several processes
-            path.unlink()
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-        shutil.rmtree(out / "checkpoints_paged", ignore_errors=True)
-        if cfg.store == "auto":  # the run's own store (all processes' stores) goes with it
-            shutil.rmtree(out / "store", ignore_errors=True)
+    elif holds_run(out):  # with --overwrite (check_out_dir refused it otherwise)
+        remove_run(cfg)
     config_path.write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True))
     return None
 
 
-def _adopt_unchecksummed(out: Path) -> None:
-    """Records checksums for checkpoints of a run that has none at all: written by a jaxoff
-    that did not checksum them, or the run stopped between orbax finishing its first
-    checkpoint and its checksums. Both are whole (each writer renames its directory into
-    place), so they are kept, unverified, rather than thrown away."""
+def remove_run(cfg: TrainConfig) -> None:
+    """Deletes what a run wrote in ``cfg.out_dir``, by name: its config, metrics logs,
+    checkpoints (step folders) and, with the run's own store, that store's files. Anything
+    else in the folder, or in those subfolders, is kept."""
+    from ..aio._manifest import read as read_manifest
+    from ..aio._store_errors import PageStoreError
+    from ..aio._store_files import is_store, owned_files, remove_owned
+
+    out = Path(cfg.out_dir)
+    for name in ("metrics.jsonl", "config.json"):
+        (out / name).unlink(missing_ok=True)
+    for path in out.glob("metrics.process-*.jsonl"):  # of a run over several processes
+        path.unlink()
+    for sub in ("checkpoints", "checkpoints_paged"):
+        for s in step_dirs(out / sub):
+            shutil.rmtree(out / sub / str(s))
+        if (out / sub).is_dir():  # orbax's unfinished saves, then the folder if left empty
+            for tmp in (out / sub).glob("*.orbax-checkpoint-tmp-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+            _rmdir_if_empty(out / sub)
+    if cfg.store != "auto":
+        return
+    store = out / "store"  # the run's own store (all processes' stores) goes with it
+    roots = [store, *sorted(store.glob("process-*"))] if store.is_dir() else []
+    for root in roots:
+        if not is_store(root):
+            continue
+        try:
+            layout = read_manifest(str(root))[0]
+        except PageStoreError:
+            layout = None
+        files = owned_files(str(root), layout)
+        if files is not None:
+            remove_owned(str(root), files)
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+UNVERIFIED_FLAG = "--resume-unverified"
+
+
+def _unverified_allowed(cfg: TrainConfig) -> bool:
+    return bool(getattr(cfg, "resume_unverified", False)) or (
+        os.environ.get("JAXOFF_RESUME_UNVERIFIED") == "1"
+    )
+
+
+def _unchecksummed(out: Path) -> list[int]:
+    """The steps of a run none of whose checkpoints has checksums (else [])."""
     ckpt_dir = out / "checkpoints"
     steps = step_dirs(ckpt_dir)
-    if not steps or complete_steps(ckpt_dir):
+    return [] if complete_steps(ckpt_dir) else steps
+
+
+def _check_unchecksummed(cfg: TrainConfig) -> None:
+    """Refuses to admit several checkpoints that have no checksums at all (every
+    ``checksums.json`` deleted, or an older jaxoff) without an explicit flag. One such
+    checkpoint is the first save cut short: it never counted (prepare_out_dir removes it)."""
+    out = Path(cfg.out_dir)
+    steps = _unchecksummed(out)
+    if len(steps) < 2 or _unverified_allowed(cfg):
+        return
+    how = (
+        f"pass {UNVERIFIED_FLAG}"
+        if hasattr(cfg, "resume_unverified")
+        else "set JAXOFF_RESUME_UNVERIFIED=1"
+    )
+    raise ConfigError(
+        f"--resume: checkpoints {', '.join(map(str, steps))} in {out / 'checkpoints'} have no "
+        f"checksums.json (deleted, or written by a jaxoff that did not checksum), so nothing "
+        f"they hold can be verified; to resume from them unverified {how}, or start again "
+        f"with --overwrite"
+    )
+
+
+def _adopt_unchecksummed(cfg: TrainConfig) -> None:
+    """Records checksums for checkpoints of a run that has none at all, when the user asked
+    for it (`_check_unchecksummed`): written by a jaxoff that did not checksum them, or with
+    their checksums deleted. Each writer renames its directory into place, so they are whole;
+    they are kept, unverified. A lone one without the flag is a first save cut short."""
+    out = Path(cfg.out_dir)
+    ckpt_dir = out / "checkpoints"
+    steps = _unchecksummed(out)
+    if not steps or (len(steps) < 2 and not _unverified_allowed(cfg)):
         return
     for s in steps:
         write_checksums(out, ckpt_dir / str(s), [out / "checkpoints_paged" / str(s) / "paged.json"])
     say(
-        f"checkpoints {', '.join(map(str, steps))} in {ckpt_dir} had no checksums (an older "
-        f"jaxoff, or a stop while saving the first); recorded them now, unverified"
+        f"checkpoints {', '.join(map(str, steps))} in {ckpt_dir} had no checksums; recorded "
+        f"them now, unverified, as asked"
     )
 
 
@@ -115,12 +222,13 @@ def reject(cfg: TrainConfig, step: int, error: Exception) -> None:
 
 
 def heal_store(cfg: TrainConfig, step: int | None) -> None:
-    """Empties the working page store of a resumed run if it is damaged.
+    """Empties the working page store of a resumed run of its own files if it is damaged.
 
     The store (``<out_dir>/store`` or ``--store``) only ever runs ahead of the last checkpoint,
-    so a store whose page files are damaged, short or missing is emptied here (its ``LOCK``
-    kept: unlinking a lock file races) and refilled by the restore of checkpoint ``step``
-    (or by the optimizer's init when there is no checkpoint: ``None``).
+    so a store whose page files are damaged, short or missing is emptied here and refilled by
+    the restore of checkpoint ``step`` (or by the optimizer's init when there is no
+    checkpoint: ``None``). Only the files the store's marker or its layout name are deleted
+    (its ``LOCK`` and marker kept): anything else in the folder is not jaxoff's.
     """
     from ..aio import (
         PageStore,
@@ -128,6 +236,9 @@ def heal_store(cfg: TrainConfig, step: int | None) -> None:
         PageStoreFormatError,
         PageStoreNotFoundError,
     )
+    from ..aio._manifest import read as read_manifest
+    from ..aio._store_errors import PageStoreError
+    from ..aio._store_files import owned_files, remove_owned
 
     root = cfg.store_dir()
     try:
@@ -137,12 +248,17 @@ def heal_store(cfg: TrainConfig, step: int | None) -> None:
         return  # a new store directory: the restore creates it
     except (PageStoreCorruptError, PageStoreFormatError) as e:
         reason = str(e).split(": the store was damaged", 1)[0].split("; restore from", 1)[0]
-    for child in Path(root).iterdir():
-        if child.name == "LOCK":
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+    try:
+        layout = read_manifest(str(root))[0]
+    except PageStoreError:
+        layout = None  # the manifest is what is damaged: the marker names the files
+    files = owned_files(str(root), layout)
+    if files is None:
+        raise JaxoffError(
+            f"the page store {root} is damaged ({reason}) and has neither a readable "
+            f"manifest nor a jaxoff-store.json naming its files, so jaxoff deletes nothing "
+            f"there; delete that folder yourself (or pass another --store), then --resume"
+        )
+    remove_owned(str(root), files)
     source = "the optimizer's init (step 0)" if step is None else f"checkpoint {step}"
     say(f"the page store {root} was damaged ({reason}); rebuilt it from {source}")
