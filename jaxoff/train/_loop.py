@@ -39,6 +39,7 @@ from ._metrics import (
 )
 from ._resume import heal_store, pick_step, prepare_out_dir, reject, say
 from ._rundir import RunLock
+from ._summary import finish_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +192,7 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
         if hasattr(tx, "close"):
             _close_quietly(tx.close)  # releases the page store's lock
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
+    finish_run(cfg, records)  # the summary and loss.png (process 0)
     return TrainResult(start, end, records)
 
 
@@ -398,14 +400,16 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
         evaluate = lambda state, x, y: loss_fn(state.params, x, y)  # noqa: E731
 
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
-    log = MetricsLog(metrics_path(Path(cfg.out_dir)))
+    log = MetricsLog(metrics_path(Path(cfg.out_dir)), run=cfg)  # + lr, TensorBoard
     records: list[dict] = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
     loop_start = time.perf_counter()
     try:
-        with progress_display(cfg.steps, start, cfg.progress) as bar:
+        display = progress_display(cfg.steps, start, cfg.progress, cfg, io_split.snapshot)
+        with display as bar:  # also: the stall watchdog, one line on SIGINT/SIGTERM
             for step in range(start + 1, end + 1):
                 inputs, targets = batches(step - 1)
+                bar.step_started(step)
                 t = time.perf_counter()
                 io0 = disk_io_bytes()
                 split0 = io_split.snapshot()
@@ -415,6 +419,7 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
                 except jax.errors.JaxRuntimeError as e:
                     raise _step_error(e, step) from None
                 dt = time.perf_counter() - t
+                bar.step_finished()
                 io1 = disk_io_bytes()
                 record = {
                     "step": step,
