@@ -2,8 +2,10 @@
 the record rule (a bracket: the largest that fits trained >= 10 steps with its loss falling, and
 the next size up failed or exceeded the disk)."""
 
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,5 +75,77 @@ def test_capacity_records_are_brackets_with_a_falling_loss(name, mode, more):
     assert any(w in above[0]["why"] for w in ("disk-bound", "out of memory", "RSS")), above[0][
         "why"
     ]
-    # the README quotes the record's parameter count
-    assert f"{best['params'] / 1e9:.3f}B" in (ROOT / "README.md").read_text()
+    # the rendered figures page quotes the record's parameter count (the README quotes the
+    # headline records among them)
+    assert f"{best['params'] / 1e9:.3f}B" in (ROOT / "docs/benchmarks.md").read_text()
+
+
+# ---------------------------------------------------------------- pages rendered from results
+
+
+def _report():
+    """bench/report.py, imported from its file (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("jaxoff_bench_report", ROOT / "bench/report.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmarks_page_is_the_rendering_of_the_results():
+    report = _report()
+    assert (ROOT / "docs/benchmarks.md").read_text() == report.benchmarks_page(), (
+        "docs/benchmarks.md differs from its rendering: run python bench/report.py"
+    )
+
+
+def test_readme_headline_table_is_the_rendering_of_the_results():
+    report = _report()
+    readme = (ROOT / "README.md").read_text()
+    table = report.headline_table()
+    assert readme == report.readme_with_table(readme, table), (
+        "README.md's headline table differs from its rendering: run python bench/report.py"
+    )
+    rows = [r for r in table.splitlines()[2:] if r.startswith("|")]
+    assert 1 <= len(rows) <= 6
+    for row in rows:  # each headline figure links the result it comes from
+        assert "](bench/results/" in row, row
+
+
+def test_every_rendered_figure_names_committed_results():
+    report = _report()
+    figures = report.figures()
+    assert len(figures) >= 10
+    for f in figures:
+        assert f.results, f.what
+        for rel in f.results:
+            assert (ROOT / "bench/results" / rel).is_file(), rel
+    # a ratio is computed from the two results, not copied: 6.650B / 1.413B
+    fuyou = next(f for f in figures if f.headline and "4.71×" in f.headline)
+    assert "capacity/plain_10steps.json" in fuyou.results
+
+
+def test_every_result_says_where_it_came_from():
+    report = _report()
+    for path in sorted((ROOT / "bench/results").rglob("*.json")):
+        folder = path.parent / "provenance.json"  # a folder of one run's files says it once
+        doc = json.loads((folder if folder.exists() else path).read_text())
+        if not isinstance(doc, dict):
+            continue
+        prov = report.provenance(doc)
+        for key in ("bench", "command", "commit", "machine", "date"):
+            assert key in prov, f"{path.relative_to(ROOT)} has no {key}"
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+
+
+@pytest.mark.parametrize(
+    "doc", [*DOCS, ROOT / "bench/README.md"], ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_relative_links_resolve(doc):
+    for m in LINK.finditer(doc.read_text()):
+        target = m.group(1)
+        if re.match(r"^[a-z]+:", target):
+            continue
+        assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links {target}"

@@ -1,0 +1,483 @@
+"""Render ``docs/benchmarks.md`` and the README's headline table from the result files.
+
+    python bench/report.py            # write docs/benchmarks.md and the README's table
+    python bench/report.py --check    # exit 1, naming the page, where a committed page differs
+
+Every figure on those pages is computed here from ``bench/results/<bench>/*.json`` (ratios too:
+nothing is divided by hand), and names the files it comes from; each file says where it came
+from (its ``provenance``: command, commit, machine, versions, date; see
+``bench/_common/results.py``). ``tests/test_docs_results.py`` fails when a committed page
+differs from this rendering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
+HEAD_START = "<!-- headline: rendered by python bench/report.py; do not edit -->"
+HEAD_END = "<!-- /headline -->"
+GIB = 1 << 30
+
+
+def load(rel: str) -> dict:
+    """A result file, by its path under ``bench/results/``."""
+    return json.loads((RESULTS / rel).read_text())
+
+
+def provenance(doc: dict) -> dict:
+    """The provenance of a result: its own top-level fields (schema 1) or its added block."""
+    return doc.get("provenance", doc)
+
+
+@dataclass(frozen=True)
+class Figure:
+    section: str  # a key of SECTIONS
+    what: str  # what is measured, in a few words
+    value: str  # the figure, computed from the results
+    results: tuple[str, ...]  # paths under bench/results/
+    headline: str | None = None  # the README's wording of the row, when it is a headline
+
+
+# ---------------------------------------------------------------- the figures, from the files
+
+
+def _largest(rel: str, mode: str) -> dict:
+    fits = [r for r in load(rel)["records"] if r["mode"] == mode and r.get("fits")]
+    return max(fits, key=lambda r: r["num_layers"])
+
+
+def _first_failing(rels: list[str], mode: str, layers: int) -> dict | None:
+    for rel in rels:
+        for r in load(rel)["records"]:
+            if r["mode"] == mode and r["num_layers"] == layers:
+                return r
+    return None
+
+
+def _b(params: int) -> str:
+    return f"{params / 1e9:.3f}B"
+
+
+def _capacity() -> list[Figure]:
+    plain_rel, fuyou_rel = "capacity/plain_10steps.json", "capacity/fuyou_10steps.json"
+    nvme_rel = "capacity/fuyou_nvme_lr1e-6.json"
+    paged_rel, paged_up = "capacity/paged_55.json", "capacity/paged_56.json"
+    opt_rel = "capacity/paged_106_compiler_options.json"
+    plain, fuyou = _largest(plain_rel, "plain"), _largest(fuyou_rel, "fuyou")
+    nvme, paged = _largest(nvme_rel, "fuyou-nvme"), _largest(paged_rel, "paged")
+    opt = _largest(opt_rel, "paged")
+    above = _first_failing([plain_rel], "plain", plain["num_layers"] + 1)
+    x = lambda r: f"{r['params'] / plain['params']:.2f}×"  # noqa: E731
+    rss = lambda r: f"{r['peak_rss'] / GIB:.2f} GiB"  # noqa: E731
+    return [
+        Figure(
+            "capacity",
+            "plain flax + optax AdamW, fp32, all in RAM",
+            f"{_b(plain['params'])} ({plain['num_layers']} layers) in {rss(plain)} peak RSS; "
+            f"{plain['num_layers'] + 1} layers: {above['why'] if above else 'not tried'}",
+            (plain_rel,),
+        ),
+        Figure(
+            "capacity",
+            "Fuyou step: AdamW state (fp32 masters + moments) on SSD, bf16 parameters in RAM",
+            f"{_b(fuyou['params'])} ({fuyou['num_layers']} layers), {x(fuyou)} plain, "
+            f"{rss(fuyou)} peak RSS = {fuyou['rss_over_state']:.3f} of the training state",
+            (fuyou_rel, plain_rel),
+            f"Largest GPT trained with AdamW in 24 GiB RAM | "
+            f"**{_b(fuyou['params'])}**, **{x(fuyou)}** plain optax ({_b(plain['params'])})",
+        ),
+        Figure(
+            "capacity",
+            "Fuyou step with the block parameters paged too (`fuyou-nvme`)",
+            f"{_b(nvme['params'])} ({nvme['num_layers']} layers), {x(nvme)} plain, "
+            f"{rss(nvme)} peak RSS = {nvme['rss_over_state']:.3f} of the training state",
+            (nvme_rel, plain_rel),
+            f"The same with the parameters paged too | {_b(nvme['params'])} in "
+            f"**{rss(nvme)}** peak RSS, {x(nvme)} plain",
+        ),
+        Figure(
+            "capacity",
+            "sequential paged AdamW (`jaxoff train`'s step), XLA's default compile",
+            f"{_b(paged['params'])} ({paged['num_layers']} layers; the next size up in "
+            f"`{paged_up}`), {x(paged)} plain, {rss(paged)} peak RSS",
+            (paged_rel, paged_up, plain_rel),
+        ),
+        Figure(
+            "capacity",
+            "sequential paged AdamW compiled with `jaxoff.compiler_options`",
+            f"{_b(opt['params'])} ({opt['num_layers']} layers), ≥ {x(opt)} plain (a lower bound: "
+            f"{opt['num_layers'] + 1} layers not run), {rss(opt)} peak RSS",
+            (opt_rel, plain_rel),
+            f"`jaxoff train`'s paged step, same rule | {_b(opt['params'])}, ≥ {x(opt)} plain",
+        ),
+    ]
+
+
+def _bounds() -> list[Figure]:
+    runs = ["fuyou_capacity/132.json"] + [f"fuyou_capacity/132_run{i}.json" for i in range(2, 6)]
+    ratios = [load(r)["summary"]["capacity"]["fuyou_over_bound"] for r in runs]
+    med = statistics.median(ratios)
+    each = ", ".join(f"{r:.3f}" for r in ratios)
+    mini = [f"fuyou/mini_flat_grads{s}.json" for s in ("", "_run2", "_run3")]
+    mini_r = [load(r)["summary"]["fuyou_over_bound"] for r in mini]
+    med_b1 = [f"fuyou/medium_b1{s}.json" for s in ("", "_run2", "_run3")]
+    med_r = [load(r)["summary"]["fuyou_over_bound"] for r in med_b1]
+    paged = load("paged_step/mini.json")["summary"]
+    return [
+        Figure(
+            "bounds",
+            "Fuyou step / max(compute-only, pure I/O), 132 layers at d = 2048 (6.65B, 79.8 GB of "
+            "state read and written a step)",
+            f"median **{med:.3f}** of {len(runs)} runs ({each})",
+            tuple(runs),
+            f"Fuyou's step / max(compute-only, pure I/O), same size | median "
+            f"**{med:.3f}×** ({min(ratios):.2f}–{max(ratios):.2f})",
+        ),
+        Figure(
+            "bounds",
+            "Fuyou step / max(compute-only, pure I/O), GPT-2 medium's blocks (304M), batch 1",
+            f"median {statistics.median(med_r):.3f} of 3 runs "
+            f"({', '.join(f'{r:.3f}' for r in med_r)})",
+            tuple(med_b1),
+        ),
+        Figure(
+            "bounds",
+            "Fuyou step / max(compute-only, pure I/O), `mini`, batch 4",
+            f"median {statistics.median(mini_r):.3f} of 3 runs "
+            f"({', '.join(f'{r:.3f}' for r in mini_r)})",
+            tuple(mini),
+        ),
+        Figure(
+            "bounds",
+            "sequential paged step / the same step with the optimizer state in RAM, `mini`",
+            f"{paged['paged_over_compute_only']:.3f} ({paged['paged_s']:.3f} against "
+            f"{paged['compute_only_s']:.3f} s); `jaxoff train` counts "
+            f"{100 * paged['train_io_hidden']:.0f}% of its I/O hidden",
+            ("paged_step/mini.json",),
+        ),
+    ]
+
+
+def _equivalence() -> list[Figure]:
+    rel = "equivalence/2026-11-23.json"
+    d = load(rel)
+    leaf = d["distances_to_plain"]["plain-leaf"]
+    ratio = d["ratio_to_floor"]["paged"]
+    return [
+        Figure(
+            "equivalence",
+            f"paged AdamW against optax applied leaf by leaf ({d['model']}, {d['steps']} steps)",
+            ("bitwise equal" if d["paged_bitwise_equal_to_plain_leaf"] else "not bitwise equal")
+            + f"; against the whole-tree step it differs by at most {ratio['param_max_abs']:.2f}× "
+            f"the floor (optax leaf by leaf against the whole-tree step: parameters "
+            f"{leaf['param_max_abs']:.2e} max abs)",
+            (rel,),
+            "Paged AdamW against optax applied leaf by leaf (the floor) | "
+            + ("**bitwise equal**" if d["paged_bitwise_equal_to_plain_leaf"] else "differs")
+            + f" over {d['steps']} steps (an MLP)",
+        ),
+    ]
+
+
+def _training() -> list[Figure]:
+    job = load("main_job/2026-11-23.json")
+    runs = job["runs"]
+    walls = sorted(r["wall_s"] for r in runs)
+    cpu = sorted(r["user_s"] + r["sys_s"] for r in runs)
+    m = lambda s: f"{int(s // 60)} min {int(round(s % 60)):02d} s"  # noqa: E731
+    r0 = runs[0]
+    rc = load("resume_compile/tiny.json")
+    med, ratios = rc["median"], rc["ratios"]
+    lw = load("layerwise_init/xl.json")
+    recs = lw["records"]
+    mp = {k: load(f"multiprocess/{k}.json")["ratio_2_over_1"] for k in ("tiny", "mini")}
+    return [
+        Figure(
+            "training",
+            "the main job, `jaxoff train` (GPT mini, 3.4M parameters, 300 steps, AdamW paged)",
+            f"loss {r0['first_loss']:.2f} → {r0['last_loss']:.2f} (validation "
+            f"{r0['last_val_loss']:.2f}) in every run; {m(walls[0])} to {m(walls[-1])} wall, "
+            f"{cpu[0]:.0f}–{cpu[-1]:.0f} s of CPU, {len(runs)} runs on a shared 2-core machine",
+            ("main_job/2026-11-23.json",),
+            f"The main job, `jaxoff train` (2-core CPU) | loss {r0['first_loss']:.2f} → "
+            f"{r0['last_loss']:.2f}, {m(walls[0])} to {m(walls[-1])}",
+        ),
+        Figure(
+            "training",
+            "a resumed run's compile of the paged step, FFI host call / `io_callback`",
+            f"{med['ffi']['resume_compile_s']:.2f} against "
+            f"{med['io_callback']['resume_compile_s']:.2f} s "
+            f"({ratios['resume_compile_ffi_over_io_callback']:.3f}×); whole resumed run "
+            f"{ratios['resume_wall_ffi_over_io_callback']:.2f}×",
+            ("resume_compile/tiny.json",),
+        ),
+        Figure(
+            "training",
+            "GPT xl (1.478B) written to a page store layer by layer / built whole, peak RSS",
+            f"{recs['layerwise']['peak_rss'] / GIB:.2f} against "
+            f"{recs['whole']['peak_rss'] / GIB:.2f} GiB "
+            f"({lw['summary']['layerwise_over_whole']:.3f}×)",
+            ("layerwise_init/xl.json",),
+        ),
+        Figure(
+            "training",
+            "paged FSDP step, 2 processes / 1 process on the same 2 devices",
+            f"tiny {mp['tiny']:.2f}, mini {mp['mini']:.2f} (gloo on 2 shared cores)",
+            ("multiprocess/tiny.json", "multiprocess/mini.json"),
+        ),
+    ]
+
+
+def _planner() -> list[Figure]:
+    po = load("plan_options/2026-11-28.json")
+    rows = po["rows"]
+    worst = max(rows, key=lambda r: abs(r["error_with_options"]))
+    others = [abs(r["error_with_options"]) for r in rows if r is not worst]
+    pv = load("plan_validate/s149_l16.json")
+    return [
+        Figure(
+            "planner",
+            "`jaxoff plan`'s compile-priced temporaries / the trained step's, bf16 presets at 16 "
+            "layers",
+            f"within {100 * max(others):.2f}% except {worst['model']} `{worst['plan']}` "
+            f"({100 * worst['error_with_options']:+.1f}%); priced from XLA's default compile "
+            f"instead: {100 * min(r['error_xla_default'] for r in rows):+.0f}% to "
+            f"{100 * max(r['error_xla_default'] for r in rows):+.0f}%",
+            ("plan_options/2026-11-28.json",),
+        ),
+        Figure(
+            "planner",
+            "priced plans against the full-depth compile (XLA's default compile), tiny and "
+            "llama-tiny at 16 layers, batch 3 × seq 149",
+            f"worst |error| {100 * pv['worst_abs_error']['float32']:.2f}% (float32), "
+            f"{100 * pv['worst_abs_error']['bfloat16']:.2f}% (bfloat16), "
+            f"{pv['within_5_percent']} within 5%; the cost model alone "
+            f"{100 * pv['worst_abs_error_model']['float32']:.2f}% and "
+            f"{100 * pv['worst_abs_error_model']['bfloat16']:.2f}%",
+            ("plan_validate/s149_l16.json",),
+        ),
+    ]
+
+
+def _investigations() -> list[Figure]:
+    bf = {(r["kind"], r["layers"]): r for r in load("bf16_scan_copy/2026-11-28.json")["results"]}
+    g, p = bf[("grad", 12)], bf[("paged", 12)]
+    xo = load("xla_cpu_overlap/2026-11-26.json")["results"]
+    scan = next(v for k, v in xo.items() if "scan" in k)
+    crc = load("crc32c_speed/2026-11-26.json")["rows"]
+    return [
+        Figure(
+            "investigations",
+            "XLA:CPU's float32 copy of a bf16 layer stack, removed by `jaxoff.compiler_options` "
+            "(12 layers × 2048)",
+            f"`value_and_grad` temporaries {g['xla_default']['temp_gib']:.2f} → "
+            f"{g['jaxoff']['temp_gib']:.2f} GiB in {g['time_ratio']:.2f}× the time; the paged "
+            f"step's {p['xla_default']['temp_gib']:.2f} → {p['jaxoff']['temp_gib']:.2f} GiB in "
+            f"{p['time_ratio']:.2f}×; bitwise equal: {g['bitwise_equal'] and p['bitwise_equal']}",
+            ("bf16_scan_copy/2026-11-28.json",),
+        ),
+        Figure(
+            "investigations",
+            "two independent computations in one XLA:CPU scan body, time / the sum alone",
+            f"{scan['both_over_sum']:.2f} (full overlap would be {scan['max_over_sum']:.2f})",
+            ("xla_cpu_overlap/2026-11-26.json",),
+        ),
+        Figure(
+            "investigations",
+            "the engine's crc32c / the `crc32c` package, by chunk size",
+            ", ".join(f"{r['kib']} KiB {r['ratio']:.2f}×" for r in crc),
+            ("crc32c_speed/2026-11-26.json",),
+        ),
+    ]
+
+
+SECTIONS: dict[str, tuple[str, str, Callable[[], list[Figure]]]] = {
+    "capacity": (
+        "Capacity: the largest GPT that trains in 24 GiB",
+        "`bench/capacity.py`: GPT-2 shapes at d_model 2048 (one layer = 50.4M parameters), batch "
+        "1 × 128, full remat, each probe a child process with a memory watchdog. A size *fits* "
+        "when it trains 10 steps on the embedded corpus and its loss falls: the second pass "
+        "over 5 fixed windows has a lower mean than the first. A record is a bracket: the next "
+        "size up ran out of memory or of disk. Needs 24 GiB RAM, up to 85 GB free disk, hours.",
+        _capacity,
+    ),
+    "bounds": (
+        "Paged steps against their bounds",
+        "`bench/fuyou_capacity.py`, `bench/fuyou.py`, `bench/paged_step.py`: the step against "
+        "the larger of compute-only (the same step with the state in RAM; extrapolated from 4, "
+        "8 and 16 layers where it cannot fit) and pure I/O (the same bytes read and written by "
+        "the engine, no compute). 1.0 means the paging is fully hidden.",
+        _bounds,
+    ),
+    "equivalence": (
+        "Equivalence with optax",
+        "`bench/equivalence.py`: the floor is optax's own AdamW applied leaf by leaf, the order "
+        "in which the paged update computes; the user's whole-tree step differs from it by "
+        "XLA's fusion choices.",
+        _equivalence,
+    ),
+    "training": (
+        "Training",
+        "`jaxoff train`, `bench/resume_compile.py`, `bench/layerwise_init.py`, "
+        "`bench/multiprocess.py`.",
+        _training,
+    ),
+    "planner": (
+        "Planner",
+        "`bench/plan_options.py`, `bench/plan_validate.py`: `jaxoff plan` prices its plans by "
+        "compiling 4- and 8-layer copies of the model ([planner](guide/planner.md)).",
+        _planner,
+    ),
+    "investigations": (
+        "Investigations",
+        "One-off studies under `bench/investigations/`, each behind one design choice.",
+        _investigations,
+    ),
+}
+
+
+def figures() -> list[Figure]:
+    out = [f for _, _, make in SECTIONS.values() for f in make()]
+    for f in out:
+        for rel in f.results:
+            if not (RESULTS / rel).is_file():
+                raise FileNotFoundError(f"{f.what}: bench/results/{rel} is not committed")
+    return out
+
+
+# ---------------------------------------------------------------- the pages
+
+
+def _link(rel: str, prefix: str) -> str:
+    return f"[{rel}]({prefix}bench/results/{rel})"
+
+
+def headline_table(figs: list[Figure] | None = None) -> str:
+    """The README's table: at most six figures, each linked to its first result."""
+    figs = [f for f in (figs or figures()) if f.headline]
+    assert len(figs) <= 6, "the README holds at most six headline figures"
+    rows = ["| figure | measured | result |", "|---|---|---|"]
+    for f in figs:
+        if len(f.results) <= 2:
+            links = " ".join(f"[{i + 1}](bench/results/{r})" for i, r in enumerate(f.results))
+        else:  # the first, and the page that names them all
+            anchor = SECTIONS[f.section][0].lower().replace(" ", "-").replace(":", "")
+            links = f"[1](bench/results/{f.results[0]}) "
+            links += f"[all {len(f.results)}](docs/benchmarks.md#{anchor})"
+        rows.append(f"| {f.headline} | {links} |")
+    return "\n".join(rows)
+
+
+def _short(commit: str) -> str:
+    return commit[:7] if len(commit) >= 7 and commit != "unrecorded" else commit
+
+
+def _machine(m) -> str:
+    if isinstance(m, dict) and "cores" in m:
+        return f"{m['cores']} cores, {m.get('ram_gib')} GiB" + (
+            f", {m['gpu']}" if m.get("gpu") else ""
+        )
+    if isinstance(m, dict):
+        return ", ".join(f"{k} {v}" for k, v in m.items())
+    return str(m)
+
+
+OUT_ARG = re.compile(r"\s--(json|out|out-dir)[ =]\S+")
+
+
+def _command(cmd: str) -> str:
+    """The recorded command, less where it wrote its result (the file now lies elsewhere)."""
+    return OUT_ARG.sub("", cmd).replace("|", "\\|")
+
+
+def benchmarks_page(figs: list[Figure] | None = None) -> str:
+    figs = figs or figures()
+    out = [
+        "# Benchmarks",
+        "",
+        "<!-- rendered by python bench/report.py from bench/results/; do not edit -->",
+        "",
+        "Every figure below is computed by `bench/report.py` from the result files it names; "
+        "each file records the command, the commit, the machine and the library versions "
+        "that produced it (older files: the commit that added them, and `unrecorded` where "
+        "they did not say). What each bench needs and how long it runs: "
+        "[bench/README.md](../bench/README.md). How the numbers changed over time: "
+        "[CHANGELOG.md](../CHANGELOG.md). Unless a row says otherwise, the machine was this "
+        "project's shared 2-core, 24 GiB CPU machine.",
+        "",
+    ]
+    for key, (title, preface, _) in SECTIONS.items():
+        out += [f"## {title}", "", preface, "", "| what | figure | from |", "|---|---|---|"]
+        for f in (f for f in figs if f.section == key):
+            links = ", ".join(_link(r, "../") for r in f.results)
+            out.append(f"| {f.what} | {f.value} | {links} |")
+        out.append("")
+    out += [
+        "## Where each result came from",
+        "",
+        "Commands are shown without their `--json` / `--out` argument: each wrote the file "
+        "named in its row, which has since moved under `bench/results/<bench>/`.",
+        "",
+        "| result | bench | date | commit | machine | command |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path in sorted(RESULTS.rglob("*.json")):
+        folder = path.parent / "provenance.json"
+        if folder.exists() and path != folder:
+            continue  # a folder of one run's files: listed once, by its provenance.json
+        rel = path.relative_to(RESULTS).as_posix()
+        if path == folder:
+            rel = path.parent.relative_to(RESULTS).as_posix() + "/"
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or ("provenance" not in doc and "schema" not in doc):
+            continue
+        p = provenance(doc)
+        cmd = _command(str(p.get("command", "unrecorded")))
+        out.append(
+            f"| {_link(rel, '../')} | {p.get('bench')} | {str(p.get('date'))[:10]} | "
+            f"{_short(str(p.get('commit')))} | {_machine(p.get('machine'))} | `{cmd}` |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def readme_with_table(text: str, table: str) -> str:
+    if HEAD_START not in text or HEAD_END not in text:
+        raise ValueError(f"README.md lacks the markers {HEAD_START!r} ... {HEAD_END!r}")
+    head, rest = text.split(HEAD_START, 1)
+    _, tail = rest.split(HEAD_END, 1)
+    return f"{head}{HEAD_START}\n{table}\n{HEAD_END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare, write nothing")
+    a = ap.parse_args(argv)
+    figs = figures()
+    pages = {
+        BENCHMARKS: benchmarks_page(figs),
+        README: readme_with_table(README.read_text(), headline_table(figs)),
+    }
+    stale = [p for p, text in pages.items() if not p.exists() or p.read_text() != text]
+    if a.check:
+        for p in stale:
+            print(f"{p.relative_to(ROOT)} differs from its rendering: run python bench/report.py")
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(pages[p])
+        print(f"wrote {p.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
