@@ -6,10 +6,9 @@ bfloat16 leaf included: it converts the stack to float32 and slices the result. 
 while-loop invariant code motion then hoists that conversion out of the loop, so the compiled
 step holds a float32 copy of every stacked 16-bit leaf (twice the leaf's bytes) for the whole
 step. With the pass disabled the conversion stays inside the loop, where XLA fuses it with
-the slice: one layer is converted at a time. ``bench/investigations/bf16_scan_copy.py`` measures it
-(``docs/benchmarks.md``): the same arithmetic, bit for bit; at 12 layers of width 2048 the
-gradient step's temporaries 0.11 times and the paged step's 0.39 times XLA's default's, in 0.77
-and 0.91 times the time (1.09 times for the paged step at 4 layers).
+the slice: one layer is converted at a time, with the same arithmetic, bit for bit.
+``bench/investigations/bf16_scan_copy.py`` measures the memory and time it saves
+(``docs/benchmarks.md``).
 GPUs compute 16-bit floats natively; there the options are empty.
 """
 

@@ -4,7 +4,7 @@ copies of the model, extrapolated in depth.
 The cost model (:func:`jaxoff.plan._cost.evaluate`) is linear so that the MILP can search
 it, and its workspace term is a calibrated approximation: which recomputations XLA's
 scheduler defers into a layer's backward pass depends on the block and the shape, so
-partial plans are mispriced by up to about 20% (``docs/guide/planner.md``). A
+partial plans are mispriced (by how much: ``docs/guide/planner.md``). A
 :class:`Pricer` replaces that term by the compiler's own figure:
 
 * the scanned train step under a plan is compiled at two shallow depths (4 and 8 layers

@@ -264,11 +264,9 @@ def fuyou(ctx: Context) -> Recipe:
     Keeps: each layer's optimizer update, with its state paged from NVMe, runs inside the
     backward layer scan as soon as that layer's gradients exist; only one layer's gradients
     exist at a time. The scan is software-pipelined: layer j's backward and layer j + 1's
-    update have no data path between them (checked on the traced program). Differs: on the
-    2-core CPU measured, with each layer's state read a layer ahead, the step is 0.99-1.07
-    times the sequential paged step and 1.26 times its bound (``bench/fuyou.py``,
-    docs/design/strategies.md); the update runs in the
-    compiled program, not on the host CPU beside a GPU's backward. Not done: Fuyou's
+    update have no data path between them (checked on the traced program). Differs: the
+    update runs in the compiled program, not on the host CPU beside a GPU's backward (how
+    close the step comes to its bound: ``bench/fuyou.py``, docs/benchmarks.md). Not done: Fuyou's
     activation swapping to SSD (activations stay on the device: each block's input, the
     block recomputed) and its automatic choice of how much to swap. The step comes from
     ``jaxoff.strategies._fuyou`` (``make_fuyou_step``, ``fuyou_init``; ``page_params=True``
