@@ -14,7 +14,7 @@ last step (and its ratio to the largest distance any parameter moved from its in
 value), the largest relative loss and gradient-norm difference, and how many steps' losses
 are bitwise equal.
 
-    python bench/distributed_equivalence.py --json bench/results/distributed_equivalence/2026-11-24.json
+    python bench/distributed_equivalence.py --json bench/results/distributed_equivalence/NAME.json
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ jitted whole-tree step, as ratios to the floor:
   paged-optax  jaxoff.paged through tx.update + optax.apply_updates
 
 Distances to ``plain``: max |p - p_plain|, relative L2 ||p - p_plain|| / ||p_plain||, and the
-largest relative difference of the loss curves. Writes bench/results/equivalence/2026-11-23.json.
+largest relative difference of the loss curves. Writes
+bench/results/equivalence/DATE-COMMIT.json (or --out).
 
     python bench/equivalence.py [--steps 300]
 """
@@ -167,7 +168,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument(
-        "--out", default=os.path.join(os.path.dirname(__file__), "results", "equivalence.json")
+        "--out", default=None, help="default: bench/results/equivalence/DATE-COMMIT.json"
     )
     args = ap.parse_args()
     data = batches(args.steps)
@@ -214,7 +215,7 @@ def main():
         "first_loss": float(base[1][0]),
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    write_result("equivalence", args=vars(args), path=args.out, **result)
+    out = write_result("equivalence", args=vars(args), path=args.out, **result)
     print(
         f"{args.steps} steps, loss {result['first_loss']:.4f} -> "
         f"{result['final_loss']['plain']:.4f} (plain)"
@@ -232,7 +233,7 @@ def main():
             f"{d['loss_max_rel']:10.3g}{rs}"
         )
     print(f"paged bitwise equal to plain-leaf: {result['paged_bitwise_equal_to_plain_leaf']}")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ does without ``--page-params``), against built layer by layer by ``jaxoff.nn.lay
 whole trainer (``jaxoff train --fuyou --page-params``, a few steps) for its peak over the run.
 
     python bench/layerwise_init.py --model xl --store-dir /tmp/lwi \\
-        --json bench/results/layerwise_init/xl.json
+        --json bench/results/layerwise_init/NAME.json
 
 Peak RSS is the child's ``ru_maxrss`` (``os.wait4``). The ratios are against the whole
 build's peak and against the model's parameter bytes, measured in the same run.

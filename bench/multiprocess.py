@@ -14,7 +14,7 @@ logs per step: the paging of its own store; checkpoints are off), and the step's
 two-process step to the one-process step, and the share of the one-process traffic each
 process moves. ``--json`` writes every figure.
 
-    python bench/multiprocess.py --json bench/results/multiprocess/tiny.json
+    python bench/multiprocess.py --json bench/results/multiprocess/NAME.json
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ I/O time hidden, ``1 - (paged - compute-only) / pure I/O`` (clamped to [0, 1]), 
 ``jaxoff train``'s own ``io_hidden``. ``--json`` writes every figure.
 
     python bench/paged_step.py [--model mini --batch-size 16 --seq-len 128 --steps 20]
-    python bench/paged_step.py --json bench/results/paged_step/mini.json
+    python bench/paged_step.py --json bench/results/paged_step/NAME.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 pricing extrapolates (``jaxoff.plan._price``). Compiles one plan at several depths and
 reports the per-layer growth and the error of extrapolating from two depths.
 
-    python bench/plan_depth.py --json bench/results/plan_depth/2026-11-24.json
+    python bench/plan_depth.py --json bench/results/plan_depth/NAME.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--plans", default="full,attention_core,offload_dots")
-    ap.add_argument("--json", default="bench/results/plan_depth/2026-11-24.json")
+    ap.add_argument(
+        "--json", default=None, help="default: bench/results/plan_depth/DATE-COMMIT.json"
+    )
     a = ap.parse_args()
     rows = []
     for shape in a.shapes.split(","):

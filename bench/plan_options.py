@@ -9,7 +9,7 @@ process, once with ``compile_step`` as it is (the options) and once with the opt
 off (XLA's default compile, what the planner priced before), and compares each price with the
 full-depth step compiled as the trainer compiles it::
 
-    python bench/plan_options.py --json bench/results/plan_options/2026-11-28.json
+    python bench/plan_options.py --json bench/results/plan_options/NAME.json
 
 Prints, per model and plan, price / trained - 1 for both; and the profile's kept widening
 (XLA:CPU's float32 size of a kept bf16 residual per traced byte) both ways.

@@ -204,8 +204,9 @@ def main():
     ap.add_argument("--out", default="runs/plan_validate.jsonl")
     ap.add_argument(
         "--json",
-        default="bench/results/plan_validate/2026-11-24.json",
-        help="summary: the command, every memory case and the worst error per dtype",
+        default=None,
+        help="summary: every memory case and the worst error per dtype (default: "
+        "bench/results/plan_validate/DATE-COMMIT.json)",
     )
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]

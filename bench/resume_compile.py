@@ -10,7 +10,7 @@ another run directory (same cache). Reported per process: its wall time and the 
 time of ``jit(train_step)`` (from ``JAX_LOG_COMPILES``); medians over ``--rounds`` rounds,
 modes alternating.
 
-    python bench/resume_compile.py --rounds 3 --json bench/results/resume_compile/tiny.json
+    python bench/resume_compile.py --rounds 3 --json bench/results/resume_compile/NAME.json
 """
 
 from __future__ import annotations
