@@ -244,8 +244,8 @@ def _run(name: str, command: Command, rest: list[str], debug: bool) -> int:
     if config_path is not None:
         default = command.config_type(**command.load_file(config_path))
     config = _parse(command, name, rest, default, debug)
-    if hasattr(config, "validate"):
-        config = config.validate()
+    if hasattr(config, "validate") and name != "train":
+        config = config.validate()  # train validates (and checks the rest) before writing
     command.run(config)
     return 0
 
@@ -290,6 +290,9 @@ def _main(argv: list[str] | None) -> int:
         )
         return 2
     prefix = f"jaxoff {name}: error:"
+    from . import _notices
+
+    _notices.print_as_lines()  # e.g. the I/O backend's: `jaxoff: note: ...`, not WARNING:...
     try:
         code = _run(name, COMMANDS[name](), rest, debug)
     except SystemExit as e:  # --help

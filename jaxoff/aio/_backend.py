@@ -3,7 +3,11 @@
 ``backend="auto"`` uses io_uring when it initialises and otherwise falls back to a POSIX
 thread pool, which is slower on fast disks. The fallback is silent in the engine, so this
 module finds the reason (not compiled in, ``io_uring_setup`` refused with an errno, or
-``JAXOFF_AIO_BACKEND``) by trying io_uring once, and logs it once per process.
+``JAXOFF_AIO_BACKEND``) by trying io_uring once, and says it once per process: one warning
+on the ``jaxoff.aio.backend`` logger, which the ``jaxoff`` command prints as one line
+(``jaxoff: note: ...``). ``JAXOFF_QUIET_BACKEND=1`` turns that warning into a debug record
+(acknowledged: the fallback is known and accepted); ``JAXOFF_AIO_BACKEND=posix`` asks for
+POSIX outright and gives no notice either.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ import functools
 import logging
 import os
 
-from jaxoff import _ffi
+from jaxoff import _ffi, _notices
 
-log = logging.getLogger("jaxoff.aio")
+log = logging.getLogger(_notices.LOGGERS[0])
 
 _SETUP_HINT = {
     errno.EPERM: "io_uring is disabled for this process: a seccomp profile (Docker's default "
@@ -68,8 +72,9 @@ def _status(env: str) -> BackendStatus:
     if not compiled:
         return BackendStatus(
             "posix",
-            "io_uring is not compiled into this build of jaxoff (liburing was not found when "
-            "it was built); install liburing-dev and reinstall jaxoff to use it",
+            "io_uring is not compiled into this build of jaxoff (its build found no liburing "
+            "and could not build the vendored one: see the CMake warning in the build log); "
+            "install liburing-dev and reinstall jaxoff to use it",
             False,
         )
     try:
@@ -104,10 +109,29 @@ def note_backend(requested: str, used: str) -> str:
     status = backend_status()
     reason = status.reason if used == status.backend else f"{used} in use"
     if used == "posix" and (status.errno is not None or not status.compiled_in):
-        _warn_once(reason)
+        _notice_once(reason)
     return reason
 
 
-@functools.cache
-def _warn_once(reason: str) -> None:
-    log.warning("jaxoff I/O engine: using the POSIX thread-pool backend, not io_uring: %s", reason)
+QUIET_ENV = "JAXOFF_QUIET_BACKEND"
+_noticed = False
+
+
+def _quiet() -> bool:
+    return os.environ.get(QUIET_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _notice_once(reason: str) -> None:
+    """The fallback to POSIX, said once per process (a warning, or with
+    ``JAXOFF_QUIET_BACKEND=1`` a debug record)."""
+    global _noticed
+    if _noticed:
+        return
+    _noticed = True
+    log.log(
+        logging.DEBUG if _quiet() else logging.WARNING,
+        "jaxoff: note: the I/O engine is using the POSIX thread-pool backend, not io_uring: "
+        "%s (%s=1 hides this note)",
+        reason,
+        QUIET_ENV,
+    )

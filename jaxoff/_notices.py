@@ -1,0 +1,37 @@
+"""Notices: one-line messages that jaxoff says once and a user can silence.
+
+A notice is a record on one of the loggers of :data:`LOGGERS`; in a library they go where
+the application's logging sends them. The ``jaxoff`` command prints them as the lines they are
+(``jaxoff: note: ...`` on stderr) rather than through the root logger's format
+(``WARNING:jaxoff....:``), which a library such as absl may have set up.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+# the loggers that carry notices: the I/O engine's fallback to POSIX (jaxoff.aio._backend)
+LOGGERS = ("jaxoff.aio.backend",)
+
+
+class _Lines(logging.Handler):
+    """Writes each record's message as one line to the current ``sys.stderr``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - logging's own convention
+            self.handleError(record)
+
+
+def print_as_lines() -> None:
+    """Notices (at WARNING and above) print as plain lines on stderr and no longer reach the
+    root logger; called by ``jaxoff`` before a command runs. Idempotent."""
+    for name in LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(h, _Lines) for h in log.handlers):
+            handler = _Lines(logging.WARNING)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            log.addHandler(handler)
+        log.propagate = False
