@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,9 @@ from flax import nnx
 from jaxoff.train import Batches, TrainConfig, load_corpus, train
 from jaxoff.train._data import split
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
+
 
 @dataclasses.dataclass(frozen=True)
 class Args:
@@ -31,6 +35,7 @@ class Args:
     seq_len: int = 128
     steps: int = 30
     reps: int = 3
+    json: Path | None = None  # write the result here (bench/_common/results.py's schema)
 
 
 def plain_loop(cfg: TrainConfig) -> float:
@@ -96,6 +101,26 @@ def main(args: Args) -> None:
     print(f"plain flax+optax : {tokens / p:10,.0f} tokens/s  ({p * 1e3:.1f} ms/step)")
     print(f"jaxoff train     : {tokens / o:10,.0f} tokens/s  ({o * 1e3:.1f} ms/step)")
     print(f"ratio jaxoff/plain (tokens/s): {p / o:.3f}")
+    if args.json:
+        summary = {
+            "plain_s_per_step": p,
+            "jaxoff_s_per_step": o,
+            "plain_tokens_per_s": tokens / p,
+            "jaxoff_tokens_per_s": tokens / o,
+            "jaxoff_over_plain_tokens_per_s": p / o,
+        }
+        records = [
+            {"rep": i, "plain_s": a, "jaxoff_s": b}
+            for i, (a, b) in enumerate(zip(plain, ours, strict=True))
+        ]
+        out = write_result(
+            "train_throughput",
+            args=dataclasses.asdict(args),
+            summary=summary,
+            records=records,
+            path=args.json,
+        )
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":
