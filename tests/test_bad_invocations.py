@@ -103,8 +103,81 @@ CASES = [
         ["--chunk-mib"],
         id="train --chunk-mib 100000000",
     ),
+    # train: shapes no machine holds, refused from their shapes before anything is allocated
+    pytest.param(
+        ["train", "--model", "tests.absurd_models:layers", "--out-dir", "new_run"],
+        ["needs at least", "GiB", "smaller model"],
+        id="train 10**12 layers",
+    ),
+    pytest.param(
+        ["train", "--model", "tests.absurd_models:width", "--out-dir", "new_run"],
+        ["needs at least", "GiB", "smaller model"],
+        id="train d_model 2**20",
+    ),
+    pytest.param(
+        ["train", "--model", "tiny", "--batch-size", "1000000000", "--out-dir", "new_run"],
+        ["needs at least", "--batch-size"],
+        id="train --batch-size 10**9",
+    ),
+    # train: data that cannot make a batch (refused before config.json is written)
+    pytest.param(
+        ["train", *TINY, "--data", "short.txt", "--out-dir", "new_run"],
+        ["--data short.txt", "pass a larger file"],
+        id="train --data short.txt",
+    ),
+    pytest.param(
+        ["train", *TINY, "--data", "short.txt", "--out-dir", "run", "--overwrite"],
+        ["--data short.txt", "pass a larger file"],
+        id="train --data short.txt --overwrite",
+    ),
+    # train: the page store owns its folder and never nests with a run
+    pytest.param(
+        ["train", *TINY, "--store", "mine", "--out-dir", "new_run"],
+        ["--store mine is not empty", "holds no jaxoff page store", "notes.txt"],
+        id="train --store folder of the user's",
+    ),
+    pytest.param(
+        ["train", *TINY, "--store", "run", "--out-dir", "new_run"],
+        ["--store run is not empty", "holds no jaxoff page store"],
+        id="train --store another run",
+    ),
+    pytest.param(
+        ["train", *TINY, "--store", "new_run", "--out-dir", "new_run"],
+        ["--store new_run is the --out-dir itself"],
+        id="train --store = --out-dir",
+    ),
+    pytest.param(
+        ["train", *TINY, "--store", ".", "--out-dir", "new_run"],
+        ["--store . holds --out-dir new_run"],
+        id="train --store above --out-dir",
+    ),
+    pytest.param(
+        ["train", *TINY, "--store", "run", "--out-dir", "run/exp1"],
+        ["--store run holds --out-dir run/exp1"],
+        id="train --store runs --out-dir runs/exp1",
+    ),
+    pytest.param(
+        ["train", *TINY, "--store", "new_run/opt", "--out-dir", "new_run"],
+        ["--store new_run/opt lies inside --out-dir new_run"],
+        id="train --store inside --out-dir",
+    ),
+    pytest.param(
+        ["train", *TINY, "--store", "run/opt", "--out-dir", "new_run"],
+        ["--store run/opt lies inside the run directory", "another run"],
+        id="train --store inside another run",
+    ),
+    pytest.param(
+        ["train", *TINY, "--out-dir", "ours"],
+        ["the run's store", "is not empty", "holds no jaxoff page store", "data.csv"],
+        id="train --out-dir whose store folder is the user's",
+    ),
     # train: the run directory
     (["train", *TINY, "--out-dir", "run"], ["already holds a run", "--resume", "--overwrite"]),
+    pytest.param(
+        ["train", *TINY, "--out-dir", "unverified", "--resume"],
+        ["checkpoints 2, 4", "no checksums.json", "unverified", "--overwrite"],
+        id="train --resume of checkpoints without checksums",
+    ),
     (["train", *TINY, "--out-dir", "run", "--resume", "--batch-size", "4"], ["batch_size"]),
     pytest.param(
         ["train", *TINY, "--out-dir", "empty", "--resume"],
@@ -197,15 +270,26 @@ def scratch(tmp_path, monkeypatch):
     (run / "checkpoints" / "2" / "state").write_bytes(b"\0" * 64)
     (run / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.5}\n{"step": 2, "loss": 5.4}\n')
+    (run / "run.lock").write_text("pid 1 on host elsewhere since long ago\n")  # not held
+    unverified = tmp_path / "unverified"  # a run whose checksums.json files were all deleted
+    for step in (2, 4):
+        (unverified / "checkpoints" / str(step)).mkdir(parents=True)
+    (unverified / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    (unverified / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text())
+    (tmp_path / "mine").mkdir()  # a folder of the user's
+    (tmp_path / "mine" / "notes.txt").write_text("the user's own\n")
+    (tmp_path / "short.txt").write_text("too short")
+    (tmp_path / "ours" / "store").mkdir(parents=True)  # the run's store folder: the user's
+    (tmp_path / "ours" / "store" / "data.csv").write_text("1,2\n")
     return tmp_path
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    """Every regular file under ``root`` and its bytes (a run's lock file aside)."""
+def _files(root: Path) -> dict[str, bytes | None]:
+    """Every file under ``root`` and its bytes, and every folder (None): a refused command
+    leaves the tree as it found it, a run's lock file included."""
     return {
-        str(p.relative_to(root)): p.read_bytes()
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "run.lock"
     }
 
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -115,7 +116,7 @@ def test_disk_full_in_a_step_is_one_line_and_resume_is_exact(
 # ---------------------------------------------------------------- optimizer state in RAM
 
 
-def test_checkpoint_files_are_verified_with_fallback_on_request(tmp_path, capfd):
+def test_checkpoint_files_are_verified_with_fallback_on_request(tmp_path, capfd, monkeypatch):
     cfg = TrainConfig(**TINY, steps=8, ckpt_every=2, store="none", out_dir=tmp_path / "r")
     first = train(dataclasses.replace(cfg, stop_at=6))
     ckpts = cfg.out_dir / "checkpoints"
@@ -147,13 +148,28 @@ def test_checkpoint_files_are_verified_with_fallback_on_request(tmp_path, capfd)
     assert third.losses[0] == second.losses[2]  # step 7
     assert [r["step"] for r in read_metrics(cfg.out_dir / "metrics.jsonl")] == list(range(1, 9))
 
-    # checkpoints with no checksums at all (an older jaxoff) are kept, not thrown away
+    # checkpoints with no checksums at all (all deleted, or an older jaxoff): re-admitted
+    # unverified only when asked, and refused with one line (nothing changed) otherwise
     for p in ckpts.glob("*/checksums.json"):
         p.unlink()
+    before = tree_bytes(cfg.out_dir)
+    with pytest.raises(JaxoffError, match="have no checksums.json.*JAXOFF_RESUME_UNVERIFIED=1"):
+        train(dataclasses.replace(cfg, resume=True))
+    assert tree_bytes(cfg.out_dir) == before
+    monkeypatch.setenv("JAXOFF_RESUME_UNVERIFIED", "1")
     done = train(dataclasses.replace(cfg, resume=True))
     err = capfd.readouterr().err
     assert "had no checksums" in err and "is complete at step 8 of 8" in err
     assert (done.first_step, done.records) == (8, [])
+
+
+def tree_bytes(root) -> dict:
+    """Every file under ``root`` and its bytes, every folder (None)."""
+    root = Path(root)
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def test_full_disk_at_a_checkpoint_then_resume_from_scratch(tmp_path, capfd, monkeypatch):

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import collections
 import errno as _errno
+import os
 import re
 import threading
 
 from jaxoff.aio import _store_errors
-from jaxoff.aio._store_errors import PageStoreError, PageStoreFullError
+from jaxoff.aio._store_errors import (
+    RESTORE_HINT,
+    PageStoreCorruptError,
+    PageStoreError,
+    PageStoreFullError,
+)
 
 _recent: collections.deque[PageStoreError] = collections.deque(maxlen=16)
 _lock = threading.Lock()
@@ -26,6 +32,18 @@ _PYTHON = re.compile(r"(?:^|\n|\.)(PageStore[A-Za-z]*Error): (.+)\Z", re.S)
 _ENGINE = re.compile(
     r"(write|fsync) (.+?) at offset (\d+)(?: \((\d+) bytes\))? failed: [^\n]*?"
     r"\((ENOSPC|EFBIG|EDQUOT), errno (\d+)\)"
+)
+
+
+# How the FFI calls report a chunk that fails its checksum (DATA_LOSS), and a failed read
+# or write for another reason: "read <path> at offset <n> ... failed: ... (EIO, errno 5)".
+_CORRUPT = re.compile(
+    r"checksum mismatch in (\S+) at offset (\d+)"
+    r"|read (/\S+?) at offset (\d+)[^\n]*? failed: read past the end of the file"
+)
+_IO = re.compile(
+    r"(read|write|fsync|open) (/\S+?)(?: at offset (\d+))?(?: \(\d+ bytes\))? failed: "
+    r"[^\n]*?\(([A-Z]+), errno (\d+)\)"
 )
 
 
@@ -78,10 +96,39 @@ def store_error_from(exc: BaseException) -> PageStoreError | None:
         if message and any(message in t for t in texts):
             return err
     for t in texts:
-        found = _from_python_text(t) or _from_engine_text(t)
+        found = (
+            _from_python_text(t) or _from_engine_text(t) or _from_checksum_text(t) or _from_io(t)
+        )
         if found is not None:
             return found
     return None
+
+
+def _from_checksum_text(text: str) -> PageStoreCorruptError | None:
+    m = _CORRUPT.search(text)
+    if m is None:
+        return None
+    path, offset = m[1] or m[3], m[2] or m[4]
+    what = "fails its checksum" if m[1] else "is shorter than what was written (truncated)"
+    return PageStoreCorruptError(
+        f"page file {path} {what} at offset {offset} (it changed on disk since it was "
+        f"written): the page store is damaged; " + RESTORE_HINT
+    )
+
+
+def _from_io(text: str) -> PageStoreError | None:
+    from jaxoff._errors import describe_os_error
+
+    m = _IO.search(text)
+    if m is None:
+        return None
+    op, path, offset, _, err = m.groups()
+    at = f" at offset {offset}" if offset else ""
+    why = describe_os_error(OSError(int(err), os.strerror(int(err)), path))
+    return PageStoreError(
+        f"page store: {op}{at} failed: {why}; the last committed version is intact: once "
+        f"fixed, continue with --resume"
+    )
 
 
 def _from_python_text(text: str) -> PageStoreError | None:
