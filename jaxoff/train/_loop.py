@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from .. import _faults
-from .._errors import JaxoffError
+from .._errors import ConfigError, JaxoffError
 from ..aio import WAIT_COUNTERS, file_table_stats
 from ..distributed import ShardedPagedStep, ShardedParams, init_sharded
 from ..placement import (
@@ -37,6 +37,7 @@ from ._metrics import (
     rss_bytes,
     trim_metrics,
 )
+from ._preflight import missing_dirs, preflight, remove_if_empty
 from ._resume import heal_store, pick_step, prepare_out_dir, reject, say
 from ._rundir import RunLock
 from ._summary import finish_run
@@ -70,13 +71,23 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
     """
     if model is not None:
         cfg = dataclasses.replace(cfg, model=model)
-    cfg = cfg.validate()
+    made = missing_dirs(cfg)  # validation makes these folders: a refusal removes them
+    try:
+        cfg = cfg.validate()
+        preflight(cfg)  # data, places, run directory, memory: all before a file is written
+    except JaxoffError:
+        remove_if_empty(made)
+        raise
     use_compile_cache(cfg)
     if jax.process_index() != 0:  # process 0 holds the run's lock and prepares its directory
         cfg = dataclasses.replace(cfg, progress=False)
         return _train_locked(cfg)
-    with RunLock(cfg.out_dir):  # before anything in the run directory is read or deleted
-        return _train_locked(cfg)
+    with RunLock(cfg.out_dir) as lock:  # before anything in the run directory is deleted
+        try:
+            return _train_locked(cfg)
+        except (ConfigError, CheckpointDamagedError):
+            lock.refused()  # a refusal under the lock leaves run.lock as it was
+            raise
 
 
 _compile_cache_set: str | None = None  # the directory use_compile_cache last set
