@@ -134,7 +134,10 @@ def test_every_result_says_where_it_came_from():
             continue
         prov = report.provenance(doc)
         for key in ("bench", "command", "commit", "machine", "date"):
-            assert key in prov, f"{path.relative_to(ROOT)} has no {key}"
+            assert key in prov, (
+                f"{path.relative_to(ROOT)} has no {key}: write results with "
+                "bench/_common/results.py's write_result"
+            )
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
