@@ -31,6 +31,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+from _common.results import write_result  # noqa: E402
 
 PEERS_DIR = "/work/shared/peers"
 PEER_SCRIPT = os.path.join(PEERS_DIR, "bench_cpu_adam.py")
@@ -227,6 +231,9 @@ def main() -> int:
     )
     ap.add_argument("--peer-python", default=PEER_PYTHON)
     ap.add_argument("--json", help="also append every result as a JSON line to this file")
+    ap.add_argument(
+        "--result", help="write the summary in the result schema here (bench/_common/results.py)"
+    )
     ap.add_argument("--worker", nargs=2, metavar=("IMPL", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -362,6 +369,12 @@ def main() -> int:
                 if "error" in d:
                     console.print(f"[red]{impl} @ {n}: {d['error']}")
     print(json.dumps({"bench": "cpu_adam", "summary": summary}))
+    if a.result:
+        records = [d for v in results.values() for d in v]
+        out = write_result(
+            "cpu_adam", args=vars(a), summary=summary, records=records, path=a.result
+        )
+        print(f"wrote {out}")
     return 0
 
 
