@@ -5,9 +5,9 @@ interleaved across configurations, and reported as medians plus the median of pe
 engine/fio (the disk here is noisy: compare ratios from one run, not absolute figures).
 `--tune` sweeps the knobs and writes the best EngineConfig (JSON or TOML) for `EngineConfig.load`.
 
-    python bench/io_bench.py                                  # default sweep
-    python bench/io_bench.py --sizes 256M --block-sizes 1M,8M --queue-depths 8,32
-    python bench/io_bench.py --tune --out engine.toml         # pick knobs for this disk
+    jaxoff io-bench                                           # default sweep
+    jaxoff io-bench --sizes 256M --block-sizes 1M,8M --queue-depths 8,32
+    jaxoff io-bench --tune --out engine.toml                  # pick knobs for this disk
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxoff._errors import ConfigError
 from jaxoff.aio import Engine, EngineConfig
+from jaxoff.plan._hardware import parse_size as _hardware_parse_size
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -37,11 +38,17 @@ BACKENDS = ("auto", "io_uring", "posix")
 
 
 def parse_size(text: str) -> int:
-    """'256M' -> 268435456 (K/M/G are binary units)."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    if text and text[-1] in _UNITS:
-        return int(float(text[:-1]) * _UNITS[text[-1]])
-    return int(text)
+    """A size of an io-bench option in bytes: its units are binary (``64M`` = ``64MB`` =
+    ``64MiB`` = 64 * 2**20), as its help says.
+
+    >>> parse_size("64M"), parse_size("1MiB"), parse_size("4k"), parse_size("4096")
+    (67108864, 1048576, 4096, 4096)
+    >>> parse_size("-64M")  # a sign is kept, for the option's own "must be positive"
+    -67108864
+    """
+    text = text.strip()
+    sign = -1 if text.startswith("-") else 1
+    return sign * int(_hardware_parse_size(text.removeprefix("-"), binary=True))
 
 
 def _sizes(option: str, text: str, multiple: int = 1) -> list[int]:
@@ -361,7 +368,7 @@ class IOBenchConfig:
 
     Attributes:
         dir: directory for the test files (default: a temporary directory).
-        sizes: tensor sizes, e.g. 64M,256M,1G.
+        sizes: tensor sizes, e.g. 64M,256M,1G (K, M, G are binary: 64M = 64 MiB).
         ops: read, write or both.
         block_sizes: engine block sizes to measure (tune sweeps them).
         queue_depths: requests in flight (tune sweeps them).
@@ -487,12 +494,3 @@ def run(a: IOBenchConfig) -> int:
         bench.close()
         shutil.rmtree(root, ignore_errors=True)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python bench/io_bench.py [options]``: the same as ``jaxoff io-bench [options]``."""
-    import sys
-
-    from jaxoff.cli import main as cli
-
-    return cli(["io-bench", *(sys.argv[1:] if argv is None else argv)])

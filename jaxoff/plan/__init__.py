@@ -7,6 +7,7 @@ in depth; ``_price``) and re-solves until the priced plan fits, prints it beside
 baseline and presets, and writes a plan file that ``jaxoff train --plan FILE`` runs.
 """
 
+from ._calibrate import profile as profile
 from ._config import PlanConfig as PlanConfig
 from ._config import make_plan as make_plan
 from ._config import run as run
@@ -24,7 +25,6 @@ from ._planfile import apply_plan as apply_plan
 from ._planfile import load_plan as load_plan
 from ._profile import NameProfile as NameProfile
 from ._profile import Profile as Profile
-from ._profile import profile as profile
 from ._solver import InfeasibleError as InfeasibleError
 from ._solver import smallest_budget as smallest_budget
 from ._solver import solve as solve

@@ -124,16 +124,22 @@ class PlanConfig:
 def make_plan(cfg: PlanConfig, console=None):
     """Profiles, solves (MILP and greedy), prints, writes ``cfg.out``; returns the PlanFile.
 
-    Example:
-        >>> from jaxoff.plan import PlanConfig, make_plan  # doctest: +SKIP
-        >>> make_plan(PlanConfig(model="xl", hardware="rtx4090", batch_size=8, seq_len=1024))
+    Example (``console`` takes the printed tables):
+        >>> import io, rich.console
+        >>> from jaxoff.plan import PlanConfig, make_plan
+        >>> cfg = PlanConfig(model="tiny", hardware="rtx4090", batch_size=2, seq_len=16,
+        ...                  out=tmp_path / "plan.json", price=False)
+        >>> found = make_plan(cfg, console=rich.console.Console(file=io.StringIO()))
+        >>> found.model, found.batch, found.seq, (tmp_path / "plan.json").is_file()
+        ('tiny', 2, 16, True)
     """
     from .. import _output
+    from ._calibrate import calibrate_workspace
     from ._cost import evaluate, fits
     from ._greedy import greedy
     from ._planfile import PlanFile, prediction_json
     from ._price import Pricer, solve_priced
-    from ._profile import profile
+    from ._profile import trace_profile
     from ._report import fmt_bytes, print_plan
     from ._solver import solve
 
@@ -142,7 +148,8 @@ def make_plan(cfg: PlanConfig, console=None):
     cpu_lowering = hw.shared_memory if cfg.cpu_lowering is None else cfg.cpu_lowering
     model_cfg = cfg.model_config()
     with console.status(f"profiling {cfg.model} at batch {cfg.batch_size} x seq {cfg.seq_len}"):
-        prof = profile(model_cfg, cfg.batch_size, cfg.seq_len, model=cfg.model)
+        prof = trace_profile(model_cfg, cfg.batch_size, cfg.seq_len, model=cfg.model)
+        prof = calibrate_workspace(prof, model_cfg)  # two compiles: the workspace
     pricer = Pricer(prof, model_cfg) if cfg.price else None
 
     def predict(p):

@@ -180,16 +180,29 @@ def preset(name: str, dtype: str = "float32") -> Hardware:
     return Hardware(flops=bf16 if dtype in ("bfloat16", "float16") else fp32, **p)
 
 
-def parse_size(text: str | float | int) -> float:
-    """``"16GiB"``, ``"24GB"``, ``"512MiB"``, ``"1.5T"`` or a number of bytes."""
+def parse_size(text: str | float | int, *, binary: bool = False) -> float:
+    """``"16GiB"``, ``"24GB"``, ``"512MiB"``, ``"1.5T"`` or a number of bytes.
+
+    A unit with ``i`` is binary (``MiB`` = 2**20), one without is decimal (``MB`` = ``M`` =
+    10**6), unless ``binary``: then every unit is binary (``jaxoff io-bench``'s sizes, where
+    ``1M`` = ``1MB`` = ``1MiB``, whole 4 KiB pages).
+
+    >>> parse_size("512MiB"), parse_size("24GB"), parse_size("1.5k"), parse_size(4096)
+    (536870912.0, 24000000000.0, 1500.0, 4096.0)
+    >>> parse_size("1M", binary=True) == parse_size("1MB", binary=True) == 2**20
+    True
+    """
     if isinstance(text, int | float):
         return float(text)
     m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtp]?)(i?)b?\s*", str(text).lower())
     if not m:
         raise ConfigError(f"{text!r} is not a size; write e.g. 16GiB, 24GB or 512MiB")
-    value, unit, binary = float(m.group(1)), m.group(2), m.group(3)
-    power = " kmgtp".index(unit) if unit else 0
-    return value * (1024 if binary or not unit else 1000) ** power if unit else value
+    try:
+        value = float(m.group(1))
+    except ValueError:  # e.g. "1.2.3"
+        raise ConfigError(f"{text!r} is not a size; write e.g. 16GiB, 24GB or 512MiB") from None
+    unit, base = m.group(2), 1024 if binary or m.group(3) else 1000
+    return value * base ** " kmgtp".index(unit) if unit else value
 
 
 def _time(fn, reps: int) -> float:

@@ -13,17 +13,17 @@ Measured on the traced and compiled program, not from formulas of the model:
   (``cost_analysis`` counts a scan body once);
 * **workspace** (temporaries that are not stacked residuals: gradients, the backward
   of one layer, the head and loss) from ``compiled.memory_analysis()`` of the scanned
-  step, compiled with every name kept and with every name recomputed.
+  step, compiled with every name kept and with every name recomputed: that one is set
+  after the profile by :func:`jaxoff.plan._calibrate.calibrate_workspace`, which prices
+  the two plans with the cost model (``jaxoff.plan.profile`` runs both).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
 import jax
-import jax.numpy as jnp
 
 from ._jaxpr import block_values, find_scans, jaxpr_flops, residual_bytes
 
@@ -102,30 +102,20 @@ def config_fingerprint(model_cfg) -> dict:
     return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in d.items()}
 
 
-def _optimizer():
-    from ..step import optimizer
-
-    return optimizer()
-
-
-def _tokens(batch: int, seq: int):
-    return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-
-
 def _grad_jaxpr(model_cfg, batch: int, seq: int):
-    from ..step import abstract_state, make_loss_fn
+    from ..step import abstract_state, make_loss_fn, optimizer, tokens
 
-    graphdef, state = abstract_state(model_cfg, _optimizer())
-    tok = _tokens(batch, seq)
+    graphdef, state = abstract_state(model_cfg, optimizer())
+    tok = tokens(batch, seq)
     return jax.make_jaxpr(jax.value_and_grad(make_loss_fn(graphdef)))(state.params, tok, tok)
 
 
 def _step_jaxpr(model_cfg, batch: int, seq: int):
-    from ..step import abstract_state, make_train_step
+    from ..step import abstract_state, make_train_step, optimizer, tokens
 
-    tx = _optimizer()
+    tx = optimizer()
     graphdef, state = abstract_state(model_cfg, tx)
-    tok = _tokens(batch, seq)
+    tok = tokens(batch, seq)
     return jax.make_jaxpr(make_train_step(graphdef, tx))(state, tok, tok)
 
 
@@ -155,37 +145,31 @@ def _tree_bytes(tree) -> int:
     return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def profile(
-    model_cfg,
-    batch: int,
-    seq: int,
-    *,
-    model: str = "custom",
-    calibrate: bool = True,
-) -> Profile:
-    """Profiles ``model_cfg`` (a :class:`jaxoff.nn.LayeredModel`) at ``batch x seq`` tokens.
+def trace_profile(model_cfg, batch: int, seq: int, *, model: str = "custom") -> Profile:
+    """Profiles ``model_cfg`` (a :class:`jaxoff.nn.LayeredModel`) at ``batch x seq`` tokens
+    from its traced step, without compiling it: the workspace stays 0 until
+    :func:`jaxoff.plan._calibrate.calibrate_workspace` sets it (:func:`jaxoff.plan.profile`
+    does both).
 
-    Traces the step ``2 + len(names)`` times (fast: no compile) and, with
-    ``calibrate``, compiles the scanned step twice for the workspace figure.
+    Traces the step ``2 + len(names)`` times (fast: no compile).
 
     Example:
         >>> from jaxoff.models.gpt import CONFIGS
-        >>> from jaxoff.plan import profile
-        >>> p = profile(CONFIGS["tiny"], 2, 16, model="tiny", calibrate=False)
+        >>> p = trace_profile(CONFIGS["tiny"], 2, 16, model="tiny")
         >>> p.name("mlp_up").bytes  # [2, 16, 512] float32
         65536
+        >>> p.workspace_bytes
+        0
     """
-    from ..step import abstract_state
+    from ..step import abstract_state, make_loss_fn, optimizer, tokens
 
     model_cfg = _plain(model_cfg)
     L = model_cfg.num_layers
     RESIDUAL_NAMES = tuple(model_cfg.residual_names)  # noqa: N806
 
     # 1. the block's named values, their cones and FLOPs (forward, no remat)
-    from ..step import make_loss_fn
-
-    graphdef, state = abstract_state(model_cfg, _optimizer())
-    tok = _tokens(batch, seq)
+    graphdef, state = abstract_state(model_cfg, optimizer())
+    tok = tokens(batch, seq)
     fwd = jax.make_jaxpr(make_loss_fn(graphdef))(state.params, tok, tok)
     body = find_scans(fwd, L)[0].params["jaxpr"]
     values = {v.name: v for v in block_values(body, CARRY)}
@@ -222,7 +206,7 @@ def profile(
     fwd_layer = sum(v.flops for v in values.values())
     layer_flops = 3.0 * fwd_layer  # forward + backward (2x) of one block, no recompute
 
-    _, abstract = abstract_state(model_cfg, _optimizer())
+    _, abstract = abstract_state(model_cfg, optimizer())
     param_bytes = _tree_bytes(abstract.params)
     opt_bytes = _tree_bytes(abstract.opt_state)
     layer_param_bytes = sum(
@@ -248,108 +232,7 @@ def profile(
         layer_param_bytes=layer_param_bytes,
         input_bytes=2 * batch * seq * 4,
     )
-    if calibrate:
-        prof = calibrate_workspace(prof, model_cfg)
     return prof
-
-
-def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
-    """Sets the workspace from two compiles of the scanned step (all kept, all
-    recomputed).
-
-    * ``kept_widening``: XLA's CPU backend computes bfloat16 and float16 in float32 and
-      hoists the upcast of each stacked residual out of the backward loop, so during the
-      backward pass a kept 16-bit residual occupies its float32 size. The factor is read
-      from the all-kept program (:func:`widened_residual_bytes`), not assumed: 1 where
-      nothing is widened (float32, or a backend that computes in 16 bits).
-    * ``workspace_bytes``: the all-kept ``temp_size`` less its (widened) residuals.
-    * ``recompute_workspace``: the all-recomputed ``temp_size`` less its residuals and
-      the workspace, per byte of one layer's recomputed names (they are live in that
-      layer's backward). It may be negative: a backend whose kept residuals cost more
-      than their traced bytes may need less workspace when it recomputes them.
-    """
-    from ..step import compile_step
-    from ._cost import Plan, needed_and_recomputed, residual_split
-
-    RESIDUAL_NAMES = tuple(model_cfg.residual_names)  # noqa: N806
-    found = {}
-    for action in ("device", "remat"):
-        actions = dict.fromkeys(RESIDUAL_NAMES, action)
-        compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
-        plan = Plan.from_actions(prof, actions)
-        dev, host = residual_split(prof, plan)
-        needed, recomputed = needed_and_recomputed(prof, plan)
-        found[action] = dict(
-            temp=int(compiled.memory_analysis().temp_size_in_bytes),
-            residuals=dev + host,
-            free=dev + host - prof.fixed_residual_bytes,  # what a plan can change
-            stacked=prof.num_layers * sum(prof.name(n).bytes for n in needed),
-            recomputed=sum(prof.name(n).bytes for n in recomputed),
-            widened=widened_residual_bytes(compiled.as_text(), prof.num_layers)
-            if action == "device"
-            else 0,
-        )
-    kept, remat = found["device"], found["remat"]
-    widening = 1.0 + kept["widened"] / kept["stacked"] if kept["stacked"] else 1.0
-    work = kept["temp"] - kept["residuals"] - (widening - 1.0) * kept["free"]
-    extra = remat["temp"] - remat["residuals"] - work
-    alpha = extra / remat["recomputed"] if remat["recomputed"] else 0.0
-    return dataclasses.replace(
-        prof,
-        workspace_bytes=int(round(work)),
-        workspace_range=(kept["temp"] - kept["residuals"], remat["temp"] - remat["residuals"]),
-        recompute_workspace=alpha,
-        kept_widening=widening,
-    )
-
-
-_FLOAT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
-# one HLO instruction: %name = dtype[dims]{layout} opcode(operands), attributes
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w-]+)\((.*?)\)")
-
-
-def widened_residual_bytes(hlo_text: str, num_layers: int) -> int:
-    r"""Bytes the compiled program adds by widening stacked activations: in its entry
-    computation, every single-operand instruction whose result has the operand's shape
-    (``[num_layers, ...]``, at least 3 dimensions: a layer axis plus batch and sequence)
-    in a wider float type, its operand not a parameter of the step (those are the
-    parameters, widened whatever the plan). Counts ``result - operand`` bytes: the
-    narrow stack is dead once widened.
-
-    Example:
-        >>> widened_residual_bytes(
-        ...     "ENTRY %m (p: bf16[2]) -> f32[] {\n"
-        ...     "  %g = bf16[4,2,8]{2,1,0} get-tuple-element(%w), index=1\n"
-        ...     "  %c = f32[4,2,8]{2,1,0} fusion(%g), kind=kLoop\n}", 4)
-        128
-    """
-    start = re.search(r"^ENTRY", hlo_text, re.MULTILINE)
-    entry = hlo_text[start.start() :] if start else ""
-    defs = {}
-    extra = 0
-    for line in entry.splitlines()[1:]:
-        if line.startswith("}"):
-            break
-        m = _INSTR.match(line)
-        if not m:
-            continue
-        name, dtype, dims, op, operands = m.groups()
-        dims = tuple(int(d) for d in dims.split(",") if d)
-        defs[name] = (dtype, dims, op)
-        args = re.findall(r"%([\w.-]+)", operands)
-        if len(args) != 1 or args[0] not in defs or dtype not in _FLOAT_BYTES:
-            continue
-        in_dtype, in_dims, in_op = defs[args[0]]
-        if (
-            in_dims == dims
-            and len(dims) >= 3
-            and dims[0] == num_layers
-            and in_op != "parameter"
-            and in_dtype in _FLOAT_BYTES
-            and _FLOAT_BYTES[dtype] > _FLOAT_BYTES[in_dtype]
-        ):
-            extra += math.prod(dims) * (_FLOAT_BYTES[dtype] - _FLOAT_BYTES[in_dtype])
-    return extra
 
 
 def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> int:
