@@ -303,7 +303,7 @@ def _main(argv: list[str] | None) -> int:
     except JaxoffError as e:
         if debug and not isinstance(e, UsageError):
             traceback.print_exc()
-        print(f"{prefix} {_one_line(e)}", file=sys.stderr)
+        print(f"{prefix} {_with_flags(name, _one_line(e))}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (the last word on any failure is one line)
         if debug:
@@ -331,6 +331,28 @@ def _main(argv: list[str] | None) -> int:
         )
         return 1
     return code
+
+
+# Library errors name the Python option to change (``chunk_bytes=``, ``jaxoff.paged``); when
+# the CLI reports one it adds the flag of the command that sets it.
+_FLAGS = {
+    "train": {
+        "chunk_bytes=": "--chunk-mib",
+        "clip_norm=0": "--clip-norm 0",
+        "jaxoff.strategies.fuyou": "--strategy fuyou",
+        "store (jaxoff.paged)": "--store DIR",
+    },
+}
+
+
+def _with_flags(name: str, message: str) -> str:
+    """``message`` with the flags of ``jaxoff name`` that set the Python options it names."""
+    flags = [
+        flag
+        for key, flag in _FLAGS.get(name, {}).items()
+        if key in message and flag.split()[0] not in message
+    ]
+    return f"{message} (jaxoff {name}: {', '.join(flags)})" if flags else message
 
 
 def _one_line(e: BaseException | str) -> str:

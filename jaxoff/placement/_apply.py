@@ -109,7 +109,8 @@ def make_update(tx: optax.GradientTransformation, placement: Placement | str | N
                 raise ConfigError(
                     f"the optimizer update cannot run on host operands under "
                     f"compute_on('device_host') in this JAX ({e}); use update_on='device' "
-                    f"(explicit transfers) or --clip-norm 0"
+                    f"(explicit transfers) or an optimizer without global-norm clipping "
+                    f"(clip_norm=0)"
                 ) from None
             where = "device"
             new_params, new_state, norm = run_on(where, grads, opt_state, params)

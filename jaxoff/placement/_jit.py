@@ -60,5 +60,5 @@ def compile_placed(lowered, placement: Placement | str | None):
             f"(compute_on('device_host')) for placement update_on={placement.update_on!r} "
             f"on {jax.default_backend()}: {first[:300]}; run the update on the device with "
             f"transfers (placement host_opt_xfer, or Placement(..., update_on='device')), or "
-            f"page the optimizer state (jaxoff.paged; jaxoff train --store DIR)"
+            f"page the optimizer state to a store (jaxoff.paged)"
         ) from e
