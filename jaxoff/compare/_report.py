@@ -122,18 +122,6 @@ def title(meta: dict, strategies: bool = False) -> str:
     )
 
 
-def replot(out_dir: Path) -> Path:
-    """Draws ``out_dir/compare.png`` again from ``out_dir/compare.json`` (nothing is rerun)."""
-    data = json.loads((Path(out_dir) / "compare.json").read_text())
-    strategies = "strategies" in data
-    rows = data["strategies"] if strategies else data["policies"]
-    path = Path(out_dir) / "compare.png"
-    x = "device_bytes" if strategies else "temp_bytes"
-    budget = data["meta"].get("device_mem") if strategies else None
-    plot(rows, path, title(data["meta"], strategies), x=x, budget=budget)
-    return path
-
-
 def plot(
     rows: list[dict], path: Path, title: str, x: str = "temp_bytes", budget: float | None = None
 ) -> None:

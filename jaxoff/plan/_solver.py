@@ -27,7 +27,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .._errors import ConfigError
-from ._cost import ACTIONS, HOMES, Plan, choices, evaluate, home_costs
+from ._cost import ACTIONS, HOMES, Plan, choices, home_costs
 from ._hardware import GIB, Hardware
 from ._profile import Profile
 
@@ -287,8 +287,3 @@ def _infeasible_message(prof, hw, allowed, homes, cpu_lowering) -> str:
         f"{fmt_bytes(hw.host_mem)}, disk {fmt_bytes(hw.disk)}) even with everything off "
         f"device; it needs {' and '.join(parts) or 'more memory'}"
     )
-
-
-def check_consistent(prof, hw, plan, value, cpu_lowering=False) -> float:
-    """|MILP objective - evaluate(plan).step_s| (for tests)."""
-    return abs(evaluate(prof, hw, plan, cpu_lowering=cpu_lowering).step_s - value)
