@@ -186,7 +186,10 @@ bool Eventually(const std::function<bool()>& pred, int ms = 10000) {
 
 TEST(SimDetectsACopyReadingBytesAnotherCopyStillWrites) {
   // The checker the other tests rely on: an H2D into a buffer and a D2D out of it on another
-  // stream, with no event between them, is reported.
+  // stream, with no event between them, is reported. (A real race of two memcpys: under
+  // ThreadSanitizer, which reports it too, only the ordered half runs.)
+#ifndef __SANITIZE_THREAD__
+  {
   SimDeviceOps ops({microseconds(20000), microseconds(0), microseconds(0)});
   auto a = ops.CreateStream(), b = ops.CreateStream();
   std::vector<char> host(4096, 1);
@@ -199,23 +202,27 @@ TEST(SimDetectsACopyReadingBytesAnotherCopyStillWrites) {
   ops.SynchronizeStream(b);
   CHECK(ops.Stats().hazards >= 1);
   CHECK_CONTAINS(ops.FirstHazard(), "D2D");
+  for (auto s : {a, b}) ops.DestroyStream(s);
+  ops.FreeDevice(ring);
+  ops.FreeDevice(out);
+  }
+#endif
+  std::vector<char> host(4096, 1);
+  std::vector<char> ring(4096), out(4096);
   // With an event, the same copies are ordered and clean.
   SimDeviceOps ok({microseconds(20000), microseconds(0), microseconds(0)});
   auto c = ok.CreateStream(), d = ok.CreateStream();
   auto e = ok.CreateEvent();
-  ok.CopyAsync(ring, host.data(), 4096, CopyKind::kHostToDevice, c);
+  ok.CopyAsync(ring.data(), host.data(), 4096, CopyKind::kHostToDevice, c);
   ok.RecordEvent(e, c);
   ok.StreamWaitEvent(d, e);
-  ok.CopyAsync(out, ring, 4096, CopyKind::kDeviceToDevice, d);
+  ok.CopyAsync(out.data(), ring.data(), 4096, CopyKind::kDeviceToDevice, d);
   ok.SynchronizeStream(d);
   CHECK(ok.EventDone(e));
   CHECK_EQ(ok.Stats().hazards, uint64_t{0});
-  CHECK(std::memcmp(out, host.data(), 4096) == 0);
+  CHECK(out == host);
   ok.DestroyEvent(e);
   for (auto s : {c, d}) ok.DestroyStream(s);
-  for (auto s : {a, b}) ops.DestroyStream(s);
-  ops.FreeDevice(ring);
-  ops.FreeDevice(out);
 }
 
 TEST(TakesDeliverEveryChunkInOrderAndPutsReachDiskOverSteps) {
