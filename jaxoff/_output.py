@@ -6,10 +6,12 @@ offlo…``); a console made here is as wide as its content needs there instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 
 # columns of a console that writes to a file or pipe: wide enough that no table is cut
 LOG_WIDTH = 10_000
@@ -37,6 +39,95 @@ def console(stderr: bool = False):
     if is_terminal(sys.stderr if stderr else sys.stdout):
         return Console(stderr=stderr)
     return Console(stderr=stderr, width=LOG_WIDTH)
+
+
+def duration(seconds: float) -> str:
+    """``4.2s``, ``42s``, ``3m05s``, ``2h07m``.
+
+    >>> duration(4.2), duration(42), duration(185), duration(7620)
+    ('4.2s', '42s', '3m05s', '2h07m')
+    """
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class LogProgress:
+    """What ``jaxoff compare`` uses of ``rich.progress.Progress`` (``add_task``, ``update``,
+    ``advance``), for a log, where a rich bar shows nothing until it ends: a line as each
+    part begins, with its number, how many come after it and the time so far.
+
+    >>> from rich.console import Console
+    >>> with LogProgress("compare", Console(width=200)) as p:
+    ...     task = p.add_task("compare", total=2)
+    ...     p.update(task, description="compile + run full")  # doctest: +ELLIPSIS
+    ...     p.advance(task)
+    ...     p.update(task, description="baseline FLOPs")  # doctest: +ELLIPSIS
+    jaxoff compare [1/2] compile + run full (1 more after it; 0.0s so far)
+    jaxoff compare [2/2] baseline FLOPs (0 more after it; 0.0s so far)
+    """
+
+    def __init__(self, name: str, console):
+        self.name, self.console = name, console
+        self.total, self.completed = 0, 0
+        self._t0 = time.monotonic()
+        self._said: str | None = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def add_task(self, description: str, total: float | None = None, **fields) -> int:
+        self.total, self.completed = int(total or 0), 0
+        return 0
+
+    def update(self, task: int, description: str | None = None, **fields) -> None:
+        if description is None or description in (self._said, "done"):
+            return
+        self._said = description
+        self.line(description, self.completed + 1, self.total)
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self.completed += int(advance)
+
+    def line(self, what: str, number: int, total: int) -> None:
+        left = max(0, total - number)
+        self.console.print(
+            f"jaxoff {self.name} [{number}/{total}] {what} ({left} more after it; "
+            f"{duration(time.monotonic() - self._t0)} so far)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+class Steps:
+    """The parts of a long command (``jaxoff plan``): ``with steps.step("profiling ..."):``
+    shows a spinner with ``[i/N]`` at a terminal, and prints a line in a log (see
+    :class:`LogProgress`)."""
+
+    def __init__(self, name: str, total: int, console):
+        self.total, self.console = total, console
+        self.done = 0
+        self._log = LogProgress(name, console)
+
+    @contextlib.contextmanager
+    def step(self, what: str):
+        self.done += 1
+        self.total = max(self.total, self.done)
+        if self.console.is_terminal:
+            with self.console.status(f"[{self.done}/{self.total}] {what}"):
+                yield
+        else:
+            self._log.line(what, self.done, self.total)
+            yield
 
 
 class on_termination:  # noqa: N801 - used as a context manager, like contextlib's

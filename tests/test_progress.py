@@ -235,3 +235,48 @@ def test_sigterm_restores_the_terminal_and_says_where_the_run_stands(tmp_path):
     assert step >= 4 and ckpt % 2 == 0 and 2 <= ckpt <= step
     assert m[3] == str(out / "checkpoints" / str(ckpt))
     assert m[4] == " ".join([*args, "--resume"])
+
+
+def test_compare_reports_each_measurement_in_a_log():
+    import io
+
+    from jaxoff import _output
+    from jaxoff.compare._run import _progress
+
+    log = Console(file=io.StringIO(), width=_output.LOG_WIDTH)
+    with _progress(log) as progress:  # compare's own calls, as in jaxoff.compare._run
+        task = progress.add_task("compare", total=3)
+        for spec in ("none", "full"):
+            progress.update(task, description=f"compile + run {spec} (device)")
+            progress.advance(task)
+        progress.update(task, description="baseline FLOPs (none)")
+        progress.advance(task)
+        progress.update(task, description="done")
+    lines = log.file.getvalue().splitlines()
+    assert [re.sub(r"; \S+ so far\)$", ")", line) for line in lines] == [
+        "jaxoff compare [1/3] compile + run none (device) (2 more after it)",
+        "jaxoff compare [2/3] compile + run full (device) (1 more after it)",
+        "jaxoff compare [3/3] baseline FLOPs (none) (0 more after it)",
+    ]
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    assert not isinstance(_progress(terminal), _output.LogProgress)  # the rich bar there
+
+
+@pytest.mark.slow
+def test_plan_reports_each_part_in_a_log(tmp_path, capsys):
+    from jaxoff.cli import main
+
+    args = ["plan", "--model", "tiny", "--hardware", "rtx4090", "--batch", "4", "--seq", "32"]
+    assert main([*args, "--no-price", "--out", str(tmp_path / "plan.json")]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("jaxoff plan [")]
+    assert lines[0].startswith(
+        "jaxoff plan [1/8] profiling tiny at batch 4 x seq 32 (7 more after it; "
+    )
+    assert lines[1].startswith("jaxoff plan [2/8] solving the MILP (6 more after it; ")
+    assert lines[2].startswith("jaxoff plan [3/8] the greedy baseline (5 more after it; ")
+    assert [x.split(" (")[0] for x in lines[3:]] == [
+        f"jaxoff plan [{i}/8] costing preset {name}"
+        for i, name in enumerate(
+            ("full", "selective", "attention_core", "offload_all", "offload_dots"), 4
+        )
+    ]

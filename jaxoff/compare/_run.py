@@ -34,8 +34,11 @@ def _meta(cfg: CompareConfig, **extra) -> dict:
     return {**{k: getattr(cfg, k) for k in keys}, **extra}
 
 
-def _progress(console: Console) -> Progress:
-    """The comparisons' progress bar: what runs now, done/total, time elapsed."""
+def _progress(console: Console) -> Progress | _output.LogProgress:
+    """The comparisons' progress bar: what runs now, done/total, time elapsed; in a log
+    (not a terminal), a line as each measurement begins, with how many remain."""
+    if not console.is_terminal:
+        return _output.LogProgress("compare", console)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

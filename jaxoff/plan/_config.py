@@ -147,7 +147,10 @@ def make_plan(cfg: PlanConfig, console=None):
     hw = cfg.get_hardware()
     cpu_lowering = hw.shared_memory if cfg.cpu_lowering is None else cfg.cpu_lowering
     model_cfg = cfg.model_config()
-    with console.status(f"profiling {cfg.model} at batch {cfg.batch_size} x seq {cfg.seq_len}"):
+    presets = compared_presets()
+    # a line per part in a log (a spinner at a terminal): profile, MILP, greedy, each preset
+    steps = _output.Steps("plan", 3 + len(presets), console)
+    with steps.step(f"profiling {cfg.model} at batch {cfg.batch_size} x seq {cfg.seq_len}"):
         prof = trace_profile(model_cfg, cfg.batch_size, cfg.seq_len, model=cfg.model)
         prof = calibrate_workspace(prof, model_cfg)  # two compiles: the workspace
     pricer = Pricer(prof, model_cfg) if cfg.price else None
@@ -158,15 +161,17 @@ def make_plan(cfg: PlanConfig, console=None):
         return pricer.price(hw, p, cpu_lowering=cpu_lowering)
 
     if pricer is None:
-        plan = solve(prof, hw, cpu_lowering=cpu_lowering)
-        pred = predict(plan)
+        with steps.step("solving the MILP"):
+            plan = solve(prof, hw, cpu_lowering=cpu_lowering)
+            pred = predict(plan)
     else:
-        with console.status(f"pricing the MILP's plans ({pricer.describe()})"):
+        with steps.step(f"solving the MILP, pricing its plans ({pricer.describe()})"):
             found = solve_priced(prof, hw, pricer, cpu_lowering=cpu_lowering)
         plan, pred = found.plan, found.pred
-    gplan, gpred = greedy(prof, hw, cpu_lowering=cpu_lowering)
-    if gplan is not None and pricer is not None:
-        gpred = predict(gplan)
+    with steps.step("the greedy baseline"):
+        gplan, gpred = greedy(prof, hw, cpu_lowering=cpu_lowering)
+        if gplan is not None and pricer is not None:
+            gpred = predict(gplan)
     others = [
         (
             "greedy baseline" + ("" if gpred is None or fits(gpred, hw) else " (does not fit)"),
@@ -174,11 +179,11 @@ def make_plan(cfg: PlanConfig, console=None):
             gpred,
         )
     ]
-    with console.status("pricing the presets"):
-        for name in compared_presets():
+    for name in presets:
+        with steps.step(f"{'pricing' if pricer else 'costing'} preset {name}"):
             p = preset_plan(prof, name)
             e = predict(p)
-            others.append((f"preset {name}" + ("" if fits(e, hw) else " (does not fit)"), p, e))
+        others.append((f"preset {name}" + ("" if fits(e, hw) else " (does not fit)"), p, e))
     print_plan(prof, hw, plan, pred, others, console)
     if pricer is not None:
         modelled = found.modelled.device_bytes

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from .._output import duration as duration
 from ..aio import WAIT_COUNTERS
 
 # counter -> what a caller blocked on it was waiting for
@@ -25,22 +26,6 @@ _WAITS = {
     "flush_wait_ns": "flush",
 }
 assert set(_WAITS) == set(WAIT_COUNTERS)
-
-
-def duration(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``2h07m``.
-
-    >>> duration(4.2), duration(185), duration(7620)
-    ('4.2s', '3m05s', '2h07m')
-    """
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def waiting_on(before: dict | None, now: dict | None) -> str:
