@@ -190,6 +190,46 @@ def test_cli_plan_then_train(tmp_path, capsys):
     assert "made for model 'tiny'" in capsys.readouterr().err
 
 
+def test_plan_defaults_are_trains():
+    """`jaxoff plan` with no options plans what `jaxoff train` with none runs (it planned
+    for batch 8 while train ran 16)."""
+    from jaxoff.plan import PlanConfig
+    from jaxoff.train import TrainConfig
+
+    plan, train = PlanConfig(), TrainConfig()
+    assert (plan.model, plan.batch_size, plan.seq_len) == (
+        train.model,
+        train.batch_size,
+        train.seq_len,
+    )
+
+
+def test_plan_never_overwrites_a_file_unless_asked(tiny_profile, tmp_path, capsys):
+    from jaxoff.cli import main
+
+    out = tmp_path / "plan.json"
+    out.write_text("the user's own file\n")
+    args = ["plan", "--model", "tiny", "--hardware", "rtx4090", "--batch", "4", "--seq", "32"]
+    assert main([*args, "--out", str(out)]) == 2  # refused before any profiling
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"jaxoff plan: error: --out {out} already exists; pass --overwrite to replace it, "
+        "or choose another --out"
+    )
+    assert out.read_text() == "the user's own file\n"
+    assert main(["plan", "--out", str(tmp_path), "--model", "tiny"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    # the Python API refuses too, and replaces the file when asked
+    hw = preset("rtx4090")
+    pf = PlanFile("tiny", tiny_profile.model_config, 4, 32, solve(tiny_profile, hw), {}, {})
+    with pytest.raises(Exception, match="already exists; pass --overwrite"):
+        pf.save(out)
+    assert out.read_text() == "the user's own file\n"
+    assert load_plan(pf.save(out, overwrite=True)) == pf
+    assert main([*args, "--device-mem", "40MiB", "--out", str(out), "--overwrite"]) == 0
+    assert load_plan(out).batch == 4
+
+
 @pytest.mark.parametrize(
     "params, opt, actions, store, want",
     [

@@ -10,6 +10,10 @@ import tyro
 
 from .._errors import ConfigError
 from ..nn import check_model, load_model
+from ..train._config import TrainConfig
+
+# `jaxoff plan` plans for what `jaxoff train` runs by default: its model and batch shape
+_TRAIN = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -46,12 +50,14 @@ class PlanConfig:
         device_mem: device memory budget (e.g. 16GiB); default: the hardware's.
         host_mem: host memory budget; default: the hardware's.
         disk: NVMe budget for page files; default: the hardware's.
-        batch_size: sequences per step.
-        seq_len: tokens per sequence.
+        batch_size: sequences per step (default: ``jaxoff train``'s).
+        seq_len: tokens per sequence (default: ``jaxoff train``'s).
         dtype: compute and parameter dtype (float32 or bfloat16).
         io_bench: JSON lines from ``jaxoff io-bench --json FILE`` for disk speeds (with
             ``--hardware cpu``); default: a quick measurement.
         out: where the plan (JSON) is written; run it with ``jaxoff train --plan FILE``.
+            An existing file is refused unless ``--overwrite``.
+        overwrite: replace an existing ``--out`` file.
         cpu_lowering: count offloaded residuals in device memory, as XLA's CPU backend
             does (default: on for ``--hardware cpu``).
         price: price the plans with the compiled program: compile 4- and 8-layer copies
@@ -61,16 +67,17 @@ class PlanConfig:
             compiles beyond profiling).
     """
 
-    model: str = "tiny"
+    model: str = _TRAIN["model"]
     hardware: str = "cpu"
     device_mem: str | None = None
     host_mem: str | None = None
     disk: str | None = None
-    batch_size: Annotated[int, tyro.conf.arg(aliases=("--batch",))] = 8
-    seq_len: Annotated[int, tyro.conf.arg(aliases=("--seq",))] = 128
+    batch_size: Annotated[int, tyro.conf.arg(aliases=("--batch",))] = _TRAIN["batch_size"]
+    seq_len: Annotated[int, tyro.conf.arg(aliases=("--seq",))] = _TRAIN["seq_len"]
     dtype: str = "float32"
     io_bench: Path | None = None
     out: Path = Path("plan.json")
+    overwrite: bool = False
     cpu_lowering: bool | None = None
     price: bool = True
 
@@ -96,6 +103,9 @@ class PlanConfig:
         for name in ("device_mem", "host_mem", "disk"):
             if getattr(self, name) is not None and parse_size(getattr(self, name)) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        from ._planfile import check_writable
+
+        check_writable(self.out, self.overwrite)  # before minutes of profiling
         return self
 
     def model_config(self):
@@ -208,7 +218,7 @@ def make_plan(cfg: PlanConfig, console=None):
             "prediction": prediction_json(gpred),
         },
     )
-    path = pf.save(cfg.out)
+    path = pf.save(cfg.out, overwrite=cfg.overwrite)
     console.print(
         f"plan written to {path}; run it with `jaxoff train --model {cfg.model} "
         f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --plan {path}`"

@@ -17,6 +17,18 @@ from ._profile import config_fingerprint
 VERSION = 1
 
 
+def check_writable(path: str | Path, overwrite: bool) -> None:
+    """Raises :class:`ConfigError` when a plan may not be written to ``path``: it is a
+    directory, or an existing file and not ``overwrite``."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--out {path} is a directory; name a .json file")
+    if path.exists() and not overwrite:
+        raise ConfigError(
+            f"--out {path} already exists; pass --overwrite to replace it, or choose another --out"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanFile:
     """What a plan file holds.
@@ -88,10 +100,18 @@ class PlanFile:
             d.get("baseline"),
         )
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Writes the plan to ``path``; an existing file is refused unless ``overwrite``."""
         path = Path(path)
+        check_writable(path, overwrite)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n")
+        text = json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
+        try:
+            with open(path, "w" if overwrite else "x") as f:
+                f.write(text)
+        except FileExistsError:  # made since the check
+            check_writable(path, overwrite)
+            raise
         return path
 
     def check_model(self, model_cfg, batch: int | None = None, seq: int | None = None):
