@@ -175,7 +175,12 @@ def _parse(command: Command, name: str, args: list[str], default: Any, debug: bo
             default=default,
             prog=f"jaxoff {name}",
             description=command.help
-            + (" (defaults may come from --config FILE.toml)" if command.load_file else "")
+            + (
+                "; --config FILE.toml: the defaults of these options from a TOML file's "
+                "[train] table (options given here win)"
+                if command.load_file
+                else ""
+            )
             + "; --debug prints the traceback of a failure",
         )
 

@@ -16,6 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted((ROOT / "configs").glob("*.toml"))
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """Every command here runs in its own folder: a default --out-dir (runs/default) or
+    --out lands in tmp_path, never in the working tree."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
 def test_every_shipped_config_parses_and_builds(path, tmp_path):
     values = load_config_file(path)
@@ -49,6 +56,14 @@ def test_help_documents_every_option():
     assert out.returncode == 0
     for field in TrainConfig.__dataclass_fields__:
         assert "--" + field.replace("_", "-") in out.stdout, field
+
+
+def test_help_names_the_config_file_and_what_ckpt_every_0_does():
+    out = run_cli("train", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.replace("│", " ").split())  # rich's box, unwrapped
+    assert "--config FILE.toml" in text and "[train] table" in text
+    assert "0: only the last step's" in text
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,7 @@ class TrainConfig:
         eval_every: steps between validation losses; 0 disables them.
         eval_batches: batches per validation loss.
         out_dir: run folder: metrics.jsonl, config.json, checkpoints/.
-        ckpt_every: steps between orbax checkpoints; 0 disables them.
+        ckpt_every: steps between orbax checkpoints; 0: only the last step's (a run ends on one).
         keep_checkpoints: checkpoints kept on disk.
         resume: continue from the latest checkpoint in out_dir (a run stopped before its
             first checkpoint starts again from step 0).
