@@ -5,6 +5,7 @@
 #
 #   bash bench/gpu_session.sh OUT [SECONDS]     # SECONDS: the deadline (default 560)
 #   PARTS="tests capacity-jaxoff" bash bench/gpu_session.sh OUT 300     # some parts, in order
+#   PARTS=pager bash bench/gpu_session.sh OUT 420     # the GPU pager's probe (bench/gpu/)
 #
 # Wheels of pure dependencies the machine lacks (tyro, crc32c, ...) are read from .whl/ when
 # it exists. Records are kept in /tmp/jaxoff-gpu between commands on the same machine, and a
@@ -88,6 +89,14 @@ run_part() {
     policies) part policies 90 --parts policies "${SIZE[@]}" ;;
     placements-rest) part placements-rest 120 --parts placements "${SIZE[@]}" \
       --placements host_opt_xfer host_params_stream2 paged:host_params ;;
+    # The GPU pager's prepared run (bench/gpu/pager_probe.py): its own deadline, JSON into
+    # OUT/pager_probe as each section ends.
+    pager) local l; l=$(left)
+      if (( l < 60 )); then echo "== pager: skipped, ${l} s left"; return; fi
+      echo "== pager ($(( l - 20 )) s) $(date +%T)"
+      timeout --signal=KILL $(( l - 5 )) python3 bench/gpu/pager_probe.py "$OUT/pager_probe" \
+        --deadline-s $(( l - 20 )) --store-dir "$STORE"
+      echo "== pager: exit $? $(date +%T)" ;;
     *) echo "unknown part $1" ;;
   esac
 }

@@ -601,6 +601,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if a.store_dir is None:
         a.store_dir = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    os.makedirs(a.store_dir, exist_ok=True)
     store = tempfile.mkdtemp(prefix="jaxoff-pager-probe-", dir=a.store_dir)
     summary = {
         "provenance": provenance(),
