@@ -69,6 +69,23 @@ def test_log_lines_carry_the_eta(capsys):
     assert lines[-1].endswith("eta 0.0s")
 
 
+def test_eta_is_the_pace_after_the_first_step(monkeypatch, capsys):
+    clock = Clock()
+    monkeypatch.setattr(_metrics.time, "monotonic", clock)
+    with PlainProgress(total=5, start=0, lines=5) as p:
+        clock.now += 10.0  # the first step warms up
+        p.update(1, {})
+        for step in (2, 3):
+            clock.now += 1.0
+            p.update(step, {})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "step 1/5 elapsed 10s eta 40s",
+        "step 2/5 elapsed 11s eta 3.0s",
+        "step 3/5 elapsed 12s eta 2.0s",
+    ]
+
+
 class Clock:
     def __init__(self):
         self.now = 1000.0

@@ -271,7 +271,8 @@ def fit(stats: dict, room: int) -> str:
 class PlainProgress(_Display):
     """``step 20/300 loss 3.412 ... elapsed 12s eta 1m50s`` on stderr: about 30 lines a
     run, and at least one every ``max_quiet_s`` seconds when steps are slow, plus the first
-    and last. The time remaining is the steps left at the mean pace of this run's steps."""
+    and last. The time remaining is the steps left at the mean pace of this run's steps
+    after its first."""
 
     def __init__(self, total: int, start: int, lines: int = 30, max_quiet_s: float = 10.0):
         super().__init__(total, start)
@@ -279,9 +280,12 @@ class PlainProgress(_Display):
         self.max_quiet_s = max_quiet_s
         self._start = start
         self._t0 = self._last = time.monotonic()
+        self._first: float | None = None  # when the first step ended
 
     def _show(self, step: int, stats: dict) -> None:
         now = time.monotonic()
+        if self._first is None:
+            self._first = now
         due = (step - self._start) % self.every == 0 or step in (self._start + 1, self.total)
         if not due and now - self._last < self.max_quiet_s:
             return
@@ -289,10 +293,8 @@ class PlainProgress(_Display):
         text = " ".join(f"{k} {v}" for k, v in stats.items())
         elapsed = now - self._t0
         done = step - self._start
-        eta = elapsed / done * (self.total - step) if done > 0 else None
-        print(
-            f"step {step}/{self.total} {text} elapsed {duration(elapsed)}"
-            + (f" eta {duration(eta)}" if eta is not None else ""),
-            file=sys.stderr,
-            flush=True,
-        )
+        # the pace of the steps after the first (its time includes one-off warm-up)
+        pace = (now - self._first) / (done - 1) if done > 1 else elapsed / max(done, 1)
+        eta = pace * (self.total - step)
+        parts = [f"step {step}/{self.total}", text, f"elapsed {duration(elapsed)}"]
+        print(" ".join(filter(None, parts)), f"eta {duration(eta)}", file=sys.stderr, flush=True)
