@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import sys
 
-# the loggers that carry notices: the I/O engine's fallback to POSIX (jaxoff.aio._backend)
-LOGGERS = ("jaxoff.aio.backend",)
+# the loggers that carry notices: the I/O engine's fallback to POSIX (jaxoff.aio._backend),
+# a policy preset that names none of a model's residuals (jaxoff.policy._resolve)
+LOGGERS = ("jaxoff.aio.backend", "jaxoff.policy")
 
 
 class _Lines(logging.Handler):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 import pytest
@@ -177,3 +178,30 @@ def test_sqrt_segments(tmp_path):
     f.write_text('segments = "sqrt"\nuntagged = "dots_saveable"\n"*" = "remat"\n')
     with pytest.raises(ConfigError, match="untagged values .dots_saveable.*segments = 'layer'"):
         load_policy_file(f)
+
+
+def test_a_preset_naming_none_of_a_models_names_is_noted_with_its_names(caplog):
+    """`--policy selective` on a model without attention names kept every residual without a
+    word; it is said once per preset and model, with the model's own names."""
+    from jaxoff.models import llama
+    from jaxoff.policy import apply_policy
+    from jaxoff.policy._resolve import _note_missed_names
+    from tests.byom_model import NAMES, build
+
+    _note_missed_names.cache_clear()
+    model = build()
+    with caplog.at_level(logging.WARNING, logger="jaxoff.policy"):
+        for _ in range(2):
+            apply_policy(model, "selective")
+        apply_policy(model, "full")  # needs no names: nothing to say
+        apply_policy(model, "ff_act=remat,*=device")
+        apply_policy(llama.CONFIGS["llama-tiny"], "selective")  # tags attn_probs
+    records = [r.getMessage() for r in caplog.records if r.name == "jaxoff.policy"]
+    assert len(records) == 1, records
+    (line,) = records
+    assert line.startswith("jaxoff: note: policy preset 'selective' acts on attn_logits")
+    assert "every residual of it gets device" in line
+    assert f"the model's residual names are {', '.join(NAMES)}" in line
+    with caplog.at_level(logging.WARNING, logger="jaxoff.policy"):
+        apply_policy(model, "offload_dots")
+    assert "gets remat" in caplog.records[-1].getMessage()

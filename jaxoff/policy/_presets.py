@@ -5,7 +5,8 @@ A preset does not list a model's names: it says what happens to groups of names 
 core, the weight-matmul outputs) and to every other name, so it evaluates over any model. A
 group's names that a model does not tag are skipped; a model that tags none of them gets the
 preset's action for every other name (``offload_dots`` on a model without projection names
-recomputes everything).
+recomputes everything), and ``jaxoff.policy.apply_policy`` says so once, listing the model's
+names (:meth:`Preset.misses`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,21 @@ class Preset:
     def policy(self) -> Policy:
         """The preset over the GPT's names (``jaxoff.models.gpt.RESIDUAL_NAMES``)."""
         return self.for_names(None)
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        """The names the preset's groups act on (empty for a preset without groups)."""
+        return tuple(n for group, _ in self.groups for n in group)
+
+    def misses(self, names: Sequence[str]) -> bool:
+        """Whether the preset has groups and ``names`` (a model's) include none of their
+        names: over that model it is its rest action for every name.
+
+        >>> from jaxoff.policy import PRESETS
+        >>> PRESETS["selective"].misses(("layer_input", "ff_act")), PRESETS["full"].misses(())
+        (True, False)
+        """
+        return bool(self.groups) and not set(self.group_names) & set(names)
 
     @property
     def needs_names(self) -> bool:

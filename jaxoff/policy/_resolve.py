@@ -3,6 +3,8 @@ over a model's residual names; and a model config with its stack set by a policy
 
 from __future__ import annotations
 
+import functools
+import logging
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -121,10 +123,32 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
         policy = get_policy(spec, names)
     except ConfigError as e:
         raise ConfigError(f"model {model_name(model_cfg)!r}: {e}") from None
+    if isinstance(spec, str) and spec.strip() in PRESETS and names:
+        _note_missed_names(spec.strip(), model_name(model_cfg), names)
     try:
         return with_stack(model_cfg, policy=policy.to_jax(), remat_every=policy.segment_size())
     except ValueError as e:  # the stack's own checks (e.g. segments with streaming)
         raise ConfigError(f"policy {spec!r} on model {model_name(model_cfg)!r}: {e}") from None
+
+
+@functools.cache
+def _note_missed_names(name: str, model: str, names: tuple[str, ...]) -> None:
+    """A preset whose groups name none of the model's residuals treats every name alike:
+    said once per preset and model, with the model's names (a ``jaxoff: note:`` line from
+    the ``jaxoff`` command, a warning on the ``jaxoff.policy`` logger in a library)."""
+    p = PRESETS[name]
+    if not p.misses(names):
+        return
+    logging.getLogger("jaxoff.policy").warning(
+        "jaxoff: note: policy preset %r acts on %s, none of which model %r tags, so every "
+        "residual of it gets %s; the model's residual names are %s: name them with "
+        "--policy name=action,...",
+        name,
+        ", ".join(p.group_names),
+        model,
+        p.rest.value,
+        ", ".join(names),
+    )
 
 
 def _needs_names(spec: Spec) -> bool:
