@@ -1,16 +1,6 @@
-"""``TrainState``: what a training step donates and returns. A leaf module (it imports nothing of
-jaxoff), so placement, the step builders and the trainer all depend on it, not on each other."""
+"""``TrainState`` lives in :mod:`jaxoff.step` (``jaxoff/step/_state.py``); this name stays for
+the modules below the step (placement) that import it from here."""
 
-from __future__ import annotations
+from .step._state import TrainState as TrainState
 
-from typing import Any, NamedTuple
-
-import jax
-
-
-class TrainState(NamedTuple):
-    """What a step donates and returns: step count, parameters, optimizer state."""
-
-    step: jax.Array
-    params: Any
-    opt_state: Any
+__all__ = ["TrainState"]

@@ -1,5 +1,6 @@
 """Training across processes: jax.distributed, one page store per process, a local launcher."""
 
+from ..step._sharded import ShardedPagedStep  # the step lives with the other steps
 from ._runtime import (
     ENV,
     allgather_ints,
@@ -7,7 +8,7 @@ from ._runtime import (
     broadcast_int,
     initialize_from_env,
 )
-from ._sharded import ShardedPagedStep, ShardedParams, from_host, init_sharded, local_box
+from ._sharded import ShardedParams, from_host, init_sharded, local_box
 
 __all__ = [
     "ENV",

@@ -1,26 +1,18 @@
-"""FSDP training with a paged optimizer: each process pages the blocks it owns.
+"""FSDP training with a paged optimizer: each process pages the blocks it owns. This module
+holds the layout (which block of each global array a process holds, and the copies between
+them); the step itself is ``jaxoff.step.ShardedPagedStep``.
 
 Parameters and gradients are global arrays, sharded over a 1-D ``fsdp`` mesh that may span
 processes. A process's devices hold one contiguous block of every sharded leaf (the mesh
 lists devices process by process), so its page store holds the optimizer state and master
 weights of that block only: optax's element-wise update of a block is the update of the
-whole leaf restricted to it. One step is:
-
-1. gradients of the global batch (one jitted SPMD program over the mesh; collectives cross
-   processes), then the global ops of the chain (``clip_by_global_norm``) on the global
-   gradients, and their norm;
-2. per process, its blocks of the gradients and parameters (a host copy of its shards), the
-   paged update of those blocks from its own store (``jaxoff.paged``'s pipeline, on one local
-   device), and its new parameter blocks put back as shards of the global parameters.
+whole leaf restricted to it.
 
 A step's store versions are each process's own; what every process agrees on is the
 checkpoint (see ``jaxoff.train``): it counts once every process wrote its part of it.
 """
 
 from __future__ import annotations
-
-import functools
-import time
 
 import jax
 import numpy as np
@@ -120,80 +112,6 @@ class ShardedParams:
                 for x, s, sh, b in zip(leaves, self.shapes, self.shardings, self.boxes, strict=True)
             ]
         )
-
-
-class ShardedPagedStep:
-    """``step(state, inputs, targets) -> (state, metrics)`` for FSDP with a paged optimizer.
-
-    ``state.params`` are global arrays with ``shardings``; ``state.opt_state`` is this
-    process's `jaxoff.paged` state (of its blocks, in its own store); ``inputs``/``targets``
-    are global token arrays. ``pre``: the chain's global ops (``clip_by_global_norm``), run
-    on the global gradients; ``tx``: the paged element-wise rest.
-    """
-
-    def __init__(self, graphdef, pre, tx, shardings, mesh, placement=None):
-        from ..optim import update_and_apply
-        from ..placement import batch_sharding, fetch_params
-        from ..placement._apply import global_norm, move
-        from ..step import make_loss_fn
-
-        # host parameters are fetched (or streamed layer by layer) as in the one-device step
-        loss_fn = make_loss_fn(graphdef, fetch_params(placement))
-        self.layout: ShardedParams | None = None
-        self.split: dict[str, float] = {}
-        self._shardings = shardings
-        rep = NamedSharding(mesh, PartitionSpec())
-        tokens = batch_sharding(mesh)
-        grad_shardings = jax.tree.map(lambda sh: sh.with_memory_kind("device"), shardings)
-
-        def grads(step, params, inputs, targets):
-            loss, g = jax.value_and_grad(loss_fn)(params, inputs, targets)
-            g = move(g, "device")  # streamed layers' gradients come back in host memory
-            norm = global_norm(g)
-            if pre is not None:
-                g, _ = pre.update(g, pre.init(move(params, "device")), params)
-            return step + 1, loss, g, norm
-
-        self._grads = jax.jit(
-            grads,
-            in_shardings=(rep, shardings, tokens, tokens),
-            out_shardings=(rep, rep, grad_shardings, rep),
-        )
-        self._update = jax.jit(functools.partial(update_and_apply, tx), donate_argnums=(1, 2))
-        self._device = jax.local_devices()[0]
-
-    def compile(self, state: TrainState, inputs, targets) -> ShardedPagedStep:
-        """Compiles the gradient program (the local update compiles at its first call)."""
-        self._grads = self._grads.lower(state.step, state.params, inputs, targets).compile()
-        return self
-
-    def __call__(self, state: TrainState, inputs, targets):
-        """One step; ``self.split`` then holds its phases' wall times in seconds: the
-        gradient program (``grads_s``, collectives included), copying this process's blocks
-        out (``blocks_out_s``), the paged update (``local_update_s``, its disk I/O included)
-        and the new blocks back into global arrays (``blocks_in_s``)."""
-        if self.layout is None:
-            self.layout = ShardedParams(state.params, self._shardings)
-        t0 = time.perf_counter()
-        step, loss, grads, norm = self._grads(state.step, state.params, inputs, targets)
-        jax.block_until_ready(grads)
-        t1 = time.perf_counter()
-        local_g = jax.device_put(self.layout.to_local(grads), self._device)
-        local_p = jax.device_put(self.layout.to_local(state.params), self._device)
-        del grads
-        t2 = time.perf_counter()
-        new_p, opt_state = self._update(local_g, state.opt_state, local_p)
-        jax.block_until_ready((new_p, opt_state))
-        t3 = time.perf_counter()
-        params = self.layout.to_global(new_p)
-        t4 = time.perf_counter()
-        self.split = {
-            "grads_s": t1 - t0,
-            "blocks_out_s": t2 - t1,
-            "local_update_s": t3 - t2,
-            "blocks_in_s": t4 - t3,
-        }
-        return TrainState(step, params, opt_state), {"loss": loss, "grad_norm": norm}
 
 
 def init_sharded(model_cfg, tx, seed: int, mesh, init_opt: bool = True, placement=None):

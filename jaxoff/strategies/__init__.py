@@ -14,7 +14,9 @@ Example:
 """
 
 from . import _builtin  # noqa: F401  (registers the built-in strategies)
+from ._build import STEP_BUILDERS as STEP_BUILDERS
 from ._build import Prepared as Prepared
+from ._build import build_step as build_step
 from ._build import model_config as model_config
 from ._build import placement as placement
 from ._build import prepare as prepare
@@ -29,6 +31,7 @@ from ._recipe import register as register
 from ._recipe import strategy_overrides as strategy_overrides
 
 __all__ = [
+    "STEP_BUILDERS",
     "STRATEGIES",
     "Context",
     "Prepared",
@@ -36,6 +39,7 @@ __all__ = [
     "Strategy",
     "StrategyUnavailable",
     "build_recipe",
+    "build_step",
     "get_strategy",
     "model_config",
     "placement",

@@ -43,12 +43,12 @@ def placement(recipe: Recipe):
 
 
 def fuyou_module():
-    """``jaxoff.strategies._fuyou``, or :class:`StrategyUnavailable` saying why not."""
+    """``jaxoff.strategies.fuyou``, or :class:`StrategyUnavailable` saying why not."""
     try:
-        from . import _fuyou
+        from . import fuyou
     except ImportError as e:
-        raise StrategyUnavailable(f"jaxoff.strategies._fuyou cannot be imported ({e})") from None
-    return _fuyou
+        raise StrategyUnavailable(f"jaxoff.strategies.fuyou cannot be imported ({e})") from None
+    return fuyou
 
 
 @dataclasses.dataclass
@@ -127,3 +127,65 @@ def prepare(
     jitted, shardings = jit_step(step_fn, pl, state)
     state = abstract_with(state, shardings) if abstract else jax.device_put(state, shardings)
     return Prepared(recipe, jitted, state, tx, graphdef, cfg, pl, step_fn, shardings)
+
+
+def build_step(cfg):
+    """The :class:`jaxoff.step.Step` that trains ``cfg`` (a validated
+    ``jaxoff.train.TrainConfig``), with its optimizer: the builder `STEP_BUILDERS` holds
+    under ``cfg.step_kind()``.
+
+    Example:
+        >>> from jaxoff.strategies import build_step
+        >>> from jaxoff.train import TrainConfig
+        >>> step = build_step(TrainConfig(model="tiny", store="none", out_dir=tmp_path))
+        >>> type(step).__name__
+        'PlainStep'
+    """
+    return STEP_BUILDERS[cfg.step_kind()](cfg)
+
+
+def _trained_model(cfg):
+    """``(model_cfg, placement, mesh)`` of ``cfg``: the model with its policy and streaming
+    applied, where its state lives, the FSDP mesh (None: one device)."""
+    from ..placement import streamed_model
+
+    mesh = cfg.mesh()
+    placement = cfg.resolved_placement()
+    return streamed_model(cfg.model_config(), placement, mesh), placement, mesh
+
+
+def _plain_step(cfg):
+    from ..step import PlainStep
+
+    model_cfg, placement, mesh = _trained_model(cfg)
+    return PlainStep(model_cfg, cfg.build_optimizer(), placement, mesh, seed=cfg.seed)
+
+
+def _sharded_step(cfg):
+    from ..step import ShardedPagedStep
+
+    model_cfg, placement, mesh = _trained_model(cfg)
+    pre, tx = cfg.build_optimizer_parts()  # the clipping sees the global gradients
+    return ShardedPagedStep(model_cfg, pre, tx, mesh, placement, seed=cfg.seed)
+
+
+def _fuyou_step(cfg):
+    from ._fuyou_train import FuyouStep
+
+    model_cfg, placement, _ = _trained_model(cfg)
+    return FuyouStep(
+        model_cfg,
+        cfg.build_optimizer(),
+        placement=placement,
+        seed=cfg.seed,
+        page_params=cfg.page_params,
+        read_ahead_bytes=cfg.fuyou_read_ahead_bytes(),
+    )
+
+
+STEP_BUILDERS = {
+    "plain": _plain_step,  # one device, or an FSDP mesh with the optimizer state in RAM
+    "sharded": _sharded_step,  # FSDP with a paged optimizer: one store per process
+    "fuyou": _fuyou_step,  # each layer's update inside the backward pass
+}
+"""``TrainConfig.step_kind()`` -> ``builder(cfg) -> Step``."""

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 
 from .. import _faults
 from .._errors import ConfigError, JaxoffError
-from ._checksums import CheckpointDamagedError, has_checksums, write_checksums
+from ._checksums import has_checksums, write_checksums
 
 _FULL = {
     errno.ENOSPC: "no space left on the disk",
@@ -27,44 +27,27 @@ _FULL = {
 class Checkpoints:
     """Saves and restores TrainStates under ``<out_dir>/checkpoints``.
 
-    With a paged optimizer (``tx`` from ``jaxoff.paged``) the page store's committed version
-    is streamed chunk by chunk into ``<out_dir>/checkpoints_paged/<step>`` first, the orbax
-    checkpoint of the same step second; the step counts as saved once ``checksums.json`` is in
-    its orbax directory (see ``_checksums``), and only then are old checkpoints removed.
+    What a checkpoint holds is the step's to say (``step``, a :class:`jaxoff.step.Step`:
+    ``step.save(self, ...)``, ``step.restore(self, ...)``): its paged part, the page store's
+    committed version streamed chunk by chunk into ``<out_dir>/checkpoints_paged/<step>``
+    (`paged_part`), first, then the orbax checkpoint of the same step (`save_tree`: what the
+    store does not hold). The step counts as saved once ``checksums.json`` is in its orbax
+    directory (see ``_checksums``), and only then are old checkpoints removed.
 
     Under several processes every process writes its paged state to
     ``checkpoints_paged/<step>/process-<i>`` and its shards of the orbax checkpoint (orbax's
     multi-process save); once all have (a barrier), process 0 alone records the checksums of
-    every part: the step counts as saved for all processes or for none. ``sharded``: the
-    optimizer state is each process's own (FSDP with a paged optimizer), so orbax saves the
-    step and the parameters only.
-
-    ``fuyou``: ``(model_cfg, page_params, read_ahead_bytes)`` of a run of Fuyou's step: the
-    paged part is its store's committed version (``fuyou_save``: the optimizer state, its RAM
-    leaves, and with ``page_params`` the block parameters), from which ``fuyou_restore``
-    rebuilds the whole ``FuyouState``; orbax saves the step and the (resident) parameters
-    only.
+    every part: the step counts as saved for all processes or for none.
     """
 
-    def __init__(
-        self,
-        out_dir: Path,
-        keep: int,
-        tx=None,
-        *,
-        sharded: bool = False,
-        fuyou: tuple | None = None,
-    ):
+    def __init__(self, out_dir: Path, keep: int, step=None):
         import jax
 
         self.out_dir = Path(out_dir).absolute()
         self.directory = self.out_dir / "checkpoints"
         self.paged_directory = self.out_dir / "checkpoints_paged"
         self.keep = keep
-        self._tx = tx if _is_paged(tx) else None
-        self.sharded = sharded
-        self.fuyou = fuyou
-        self._opt_apart = sharded or fuyou is not None  # orbax holds no optimizer state
+        self.step = step  # the jaxoff.step.Step whose states these are
         self.process, self.processes = jax.process_index(), jax.process_count()
         _quiet_orbax_disk_full()
         # retention is ours (max_to_keep=None): orbax would delete the previous checkpoint
@@ -79,10 +62,6 @@ class Checkpoints:
             ),
         )
 
-    @property
-    def paged(self) -> bool:
-        return self._tx is not None
-
     def paged_part(self, step: int, process: int | None = None) -> Path:
         """Where the paged optimizer state of ``step`` (of ``process``: default this one)
         is saved."""
@@ -96,21 +75,7 @@ class Checkpoints:
         from ..distributed import barrier
 
         try:
-            if self.fuyou is not None:
-                from ..strategies.fuyou import fuyou_save
-
-                fuyou_save(self._tx, state.opt_state, self.paged_part(step))
-            elif self.paged:
-                from ..optim import save_paged
-
-                save_paged(self._tx, state.opt_state, self.paged_part(step))
-            _faults.point("checkpoint.orbax")
-            if self._opt_apart:  # each process's own, or Fuyou's store: in the paged part
-                state = state._replace(opt_state=None)
-            if self.fuyou is not None and self.fuyou[1]:
-                state = state._replace(params=_nonempty(state.params))
-            self._manager.save(step, args=ocp.args.StandardSave(state))
-            self._manager.wait_until_finished()
+            self.step.save(self, step, state)  # its paged part, then save_tree
             if self.processes > 1:
                 _faults.point("checkpoint.parts")
                 barrier(f"jaxoff-checkpoint-{step}-parts")
@@ -147,48 +112,27 @@ class Checkpoints:
         """Re-reads which steps exist (after a removal, here or by another process)."""
         self._manager.reload()
 
+    def save_tree(self, step: int, tree) -> None:
+        """Writes ``tree`` as the orbax part of checkpoint ``step`` (`jaxoff.step.Step.save`
+        calls it after writing the paged part)."""
+        _faults.point("checkpoint.orbax")
+        self._manager.save(step, args=ocp.args.StandardSave(tree))
+        self._manager.wait_until_finished()
+
     def restore(self, step: int, abstract_state):
-        if self._opt_apart:
-            abstract_state = abstract_state._replace(opt_state=None)
-        if self.fuyou is None or not self.fuyou[1]:
-            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
-        # paged block parameters: their empty placeholders are not in the checkpoint
-        params = abstract_state.params
-        abstract_state = abstract_state._replace(params=_nonempty(params))
-        state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
-        return state._replace(params=_with_empty(params, state.params))
+        """The orbax part of checkpoint ``step``, as ``abstract_state`` describes it."""
+        return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
-    def restore_paged(self, tx, step: int, params):
-        """Writes the paged state of checkpoint ``step`` into ``tx``'s store; its opt_state
-        (``params``: the parameters or their shapes; unused by a Fuyou run).
-
-        Raises:
-          CheckpointDamagedError: a chunk of the checkpoint fails its checksum.
-        """
-        from ..aio import PageStoreCorruptError
-        from ..optim import restore_paged
-
+    def paged_dir(self, step: int) -> Path:
+        """This process's paged part of checkpoint ``step``, to restore from; a checkpoint
+        without one is refused in one line."""
         directory = self.paged_part(step)
         if not directory.is_dir():
             raise ConfigError(
                 f"--resume: checkpoint {step} has no paged optimizer state in {directory}; "
                 f"it was written without --store (resume with --store none)"
             )
-        try:
-            if self.fuyou is not None:
-                from ..strategies.fuyou import fuyou_restore
-
-                model_cfg, page_params, read_ahead = self.fuyou
-                return fuyou_restore(
-                    model_cfg,
-                    tx,
-                    directory,
-                    page_params=page_params,
-                    read_ahead_bytes=read_ahead,
-                )
-            return restore_paged(tx, directory, params)
-        except PageStoreCorruptError as e:  # the working store was checked before: the copy
-            raise CheckpointDamagedError(str(e).removeprefix("restore_paged: ")) from None
+        return directory
 
     def close(self) -> None:
         self._manager.wait_until_finished()
@@ -225,41 +169,6 @@ def _quiet_orbax_disk_full() -> None:
 
     hook._jaxoff_quiet = True
     sys.unraisablehook = hook
-
-
-def _nonempty(params) -> dict:
-    """``params`` as ``{path: leaf}`` without its empty leaves (the placeholders of block
-    parameters paged by Fuyou's step): orbax refuses to save zero-size arrays."""
-    import jax
-    import numpy as np
-
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {jax.tree_util.keystr(p): x for p, x in flat if np.prod(x.shape) != 0}
-
-
-def _with_empty(like, restored: dict):
-    """The inverse of `_nonempty`: ``like``'s tree with its leaves from ``restored`` and
-    empty arrays where ``like`` has empty ones."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    flat, treedef = jax.tree_util.tree_flatten_with_path(like)
-    return jax.tree.unflatten(
-        treedef,
-        [
-            restored[jax.tree_util.keystr(p)]
-            if np.prod(x.shape) != 0
-            else jnp.zeros(x.shape, x.dtype)
-            for p, x in flat
-        ],
-    )
-
-
-def _is_paged(tx) -> bool:
-    from ..optim import PagedTransformation
-
-    return isinstance(tx, PagedTransformation)
 
 
 def step_dirs(directory: Path) -> list[int]:
@@ -318,6 +227,7 @@ def check_resumable(out_dir: Path, config: dict, allowed_changes: frozenset[str]
             f"--overwrite"
         ) from None
     saved.setdefault("processes", 1)  # written before runs spanned processes
+    saved.setdefault("strategy", "fuyou" if saved.get("fuyou") else "plain")  # before --strategy
     if saved["processes"] != config.get("processes", 1):
         n = saved["processes"]
         raise ConfigError(

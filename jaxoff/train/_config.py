@@ -16,6 +16,7 @@ from .._errors import ConfigError
 from ..nn._protocol import model_name
 
 Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
+Strategy = Literal["plain", "fuyou"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +84,15 @@ class TrainConfig:
             streamed from host memory N layers ahead; needs --policy full).
         fsdp: devices of the FSDP mesh axis: parameters, gradients and optimizer states
             sharded over them, the batch split over them; 1 runs on one device.
-        fuyou: run Fuyou's step (``jaxoff.strategies.fuyou``): the paged optimizer update of
-            each layer inside the backward layer scan, pipelined with the next layer's
-            gradients, instead of after the backward pass. Needs a page store (--store),
-            --clip-norm 0 (each layer is updated before the global gradient norm exists),
-            one device (--fsdp 1, --placement device); each block is recomputed in backward.
+        strategy: how each step is trained: ``plain`` (gradients, then the optimizer update;
+            with --fsdp > 1 and --store, FSDP with each process paging its own blocks) or
+            ``fuyou`` (``jaxoff.strategies.fuyou``): the paged optimizer update of each layer
+            inside the backward layer scan, pipelined with the next layer's gradients. Fuyou
+            needs a page store (--store), --clip-norm 0 (each layer is updated before the
+            global gradient norm exists), one device (--fsdp 1, --placement device); it
+            recomputes each block in backward, so its --policy is none (the default) or one
+            that recomputes everything (full, nothing_saveable).
+        fuyou: the same as --strategy fuyou (an alias).
         compile_cache: JAX's persistent compilation cache for this run, so that a resumed run
             loads its compiled step instead of compiling it again: ``auto`` keeps the cache
             already configured (``JAX_COMPILATION_CACHE_DIR``), else uses
@@ -95,16 +100,16 @@ class TrainConfig:
             configured outside jaxoff as it is. In a process that trains several runs
             (``jaxoff.train.train``), each run's ``auto`` uses its own out_dir, and ``none``
             turns off a cache an earlier run set.
-        page_params: with --fuyou, the stacked block parameters live in the page store too
-            (ZeRO-Infinity's parameter offload): each layer's are read one layer ahead in
-            forward and in backward and written by its update, so RAM holds the embeddings,
-            the head and a window of two layers instead of the model. Evaluation reads them
-            from the store the same way.
-        fuyou_read_ahead_mib: with --fuyou, MiB of optimizer state read ahead of each layer's
-            update while the layer above it is differentiated: the whole layer when its state
-            fits, else the leading chunks of each of its tensors (the rest is read by the
-            update itself, not hidden). Staging may hold four times this; 0 reads each
-            tensor's first chunk only. Default: 128 MiB or 1/32 of RAM, the larger.
+        page_params: with --strategy fuyou, the stacked block parameters live in the page
+            store too (ZeRO-Infinity's parameter offload): each layer's are read one layer
+            ahead in forward and in backward and written by its update, so RAM holds the
+            embeddings, the head and a window of two layers instead of the model. Evaluation
+            reads them from the store the same way.
+        fuyou_read_ahead_mib: with --strategy fuyou, MiB of optimizer state read ahead of
+            each layer's update while the layer above it is differentiated: the whole layer
+            when its state fits, else the leading chunks of each of its tensors (the rest is
+            read by the update itself, not hidden). Staging may hold four times this; 0 reads
+            each tensor's first chunk only. Default: 128 MiB or 1/32 of RAM, the larger.
     """
 
     model: str = "mini"
@@ -141,6 +146,7 @@ class TrainConfig:
     store_slots: int = 2
     placement: str = "device"
     fsdp: int = 1
+    strategy: Strategy = "plain"
     fuyou: bool = False
     page_params: bool = False
     fuyou_read_ahead_mib: int | None = None
@@ -152,6 +158,13 @@ class TrainConfig:
             from ..plan import apply_plan
 
             self = apply_plan(self)  # noqa: PLW0642 (the plan's policy replaces --policy)
+        if self.strategy not in typing.get_args(Strategy):
+            raise ConfigError(
+                f"--strategy must be one of {', '.join(typing.get_args(Strategy))}, got "
+                f"{self.strategy!r}"
+            )
+        if self.fuyou != (self.strategy == "fuyou"):  # --fuyou is --strategy fuyou
+            self = dataclasses.replace(self, strategy="fuyou", fuyou=True)  # noqa: PLW0642
 
         model = self.model_config()  # raises ConfigError naming a bad --model or --policy
         for name in ("batch_size", "seq_len", "steps", "eval_batches", "keep_checkpoints"):
@@ -242,6 +255,15 @@ class TrainConfig:
             )
         if not self.fuyou:
             return
+        from ..nn import recomputes_everything
+
+        stack = getattr(model, "stack", None)
+        if self.policy != "none" and not recomputes_everything(getattr(stack, "policy", None)):
+            raise ConfigError(
+                f"--policy {self.policy} does not apply to --strategy fuyou, which recomputes "
+                f"each block whole in backward (what --policy full does): leave --policy out "
+                f"or pass --policy full"
+            )
         if self.store_dir() is None:
             raise ConfigError(
                 "--fuyou pages the optimizer state inside the backward pass and needs a page "
@@ -311,6 +333,11 @@ class TrainConfig:
         if jax.process_count() > 1:  # one store per process (on its host's disk)
             return root / f"process-{jax.process_index()}"
         return root
+
+    def step_kind(self) -> str:
+        """Which step trains this run (``jaxoff.strategies.STEP_BUILDERS``): ``fuyou``,
+        ``sharded`` (FSDP blocks paged by each process: :meth:`sharded_store`) or ``plain``."""
+        return "sharded" if self.strategy == "plain" and self.sharded_store() else self.strategy
 
     def sharded_store(self) -> bool:
         """Whether the paged optimizer pages FSDP blocks (``--store`` with ``--fsdp`` > 1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from pathlib import Path
@@ -13,17 +14,9 @@ import numpy as np
 
 from .. import _faults
 from .._errors import ConfigError, JaxoffError
-from ..aio import WAIT_COUNTERS, file_table_stats
-from ..distributed import ShardedPagedStep, ShardedParams, init_sharded
-from ..placement import (
-    abstract_with,
-    compile_placed,
-    fetch_params,
-    jit_step,
-    state_shardings,
-    streamed_model,
-)
-from ..step import abstract_state, init_state, make_loss_fn, make_train_step
+from ..aio import WAIT_COUNTERS, PageStoreCorruptError, file_table_stats
+from ..step import Step
+from ..strategies import build_step
 from ._checkpoint import Checkpoints
 from ._checksums import CheckpointDamagedError
 from ._config import TrainConfig
@@ -153,193 +146,39 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
     batches = Batches(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
     val_batches = Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
 
-    sharded = cfg.sharded_store()
-    pre, tx = cfg.build_optimizer_parts() if sharded else (None, cfg.build_optimizer())
+    step_fn = build_step(cfg)  # the plain, sharded or Fuyou step, with its optimizer
     try:
-        mesh = cfg.mesh()
-        placement = cfg.resolved_placement()
-        model_cfg = streamed_model(cfg.model_config(), placement, mesh)
-        fuyou = (model_cfg, cfg.page_params, cfg.fuyou_read_ahead_bytes()) if cfg.fuyou else None
-        ckpts = Checkpoints(out, cfg.keep_checkpoints, tx, sharded=sharded, fuyou=fuyou)
+        ckpts = Checkpoints(out, cfg.keep_checkpoints, step_fn)
         try:
             if cfg.resume and cfg.store_dir() is not None:
                 heal_store(cfg, restore_from)
-            if sharded:
-                start, state, graphdef, shardings = _start_sharded(
-                    cfg, ckpts, tx, model_cfg, placement, mesh, restore_from
-                )
-                step_fn = ShardedPagedStep(graphdef, pre, tx, shardings, mesh, placement)
-            elif cfg.fuyou:
-                start, state, graphdef = _start_fuyou(
-                    cfg, ckpts, tx, model_cfg, placement, restore_from
-                )
-                step_fn = FuyouTrainStep(graphdef, model_cfg, tx, cfg.page_params)
+            if restore_from is None:
+                start, state = 0, step_fn.init()
             else:
-                if restore_from is not None:
-                    start, state, graphdef = _restore(
-                        cfg, ckpts, tx, model_cfg, placement, mesh, restore_from
-                    )
-                else:
-                    start = 0
-                    graphdef, state = init_state(model_cfg, tx, cfg.seed)
-                step_fn = None
+                fall_back = functools.partial(_fall_back, cfg, ckpts)
+                start, state = step_fn.restore(ckpts, restore_from, fall_back)
             trim_metrics(metrics_path(out), start)
-            records = _loop(
-                cfg,
-                ckpts,
-                tx,
-                graphdef,
-                state,
-                start,
-                placement,
-                mesh,
-                batches,
-                val_batches,
-                step_fn,
-            )
+            records = _loop(cfg, ckpts, step_fn, state, start, batches, val_batches)
         finally:
             _close_quietly(ckpts.close)
     finally:
-        if hasattr(tx, "close"):
-            _close_quietly(tx.close)  # releases the page store's lock
+        _close_quietly(step_fn.close)  # releases the page store's lock
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
     finish_run(cfg, records)  # the summary and loss.png (process 0)
     return TrainResult(start, end, records)
-
-
-def _restore(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step: int):
-    """Restores checkpoint ``step`` (its checksums verified), or with ``--resume-fallback``
-    the newest intact one when its paged part is damaged: ``(step, state, graphdef)``."""
-    graphdef, abstract = abstract_state(model_cfg, tx)
-    shardings = state_shardings(placement, abstract, mesh)
-    while True:
-        state = ckpts.restore(step, abstract_with(abstract, shardings))
-        if not ckpts.paged:
-            return step, state, graphdef
-        try:
-            # the store may be ahead of (or elsewhere than) the checkpoint: write it back
-            opt_state = ckpts.restore_paged(tx, step, state.params)
-            return step, state._replace(opt_state=opt_state), graphdef
-        except CheckpointDamagedError as e:
-            step = _fall_back(cfg, ckpts, step, e, [0])
-
-
-def _start_sharded(cfg, ckpts: Checkpoints, tx, model_cfg, placement, mesh, step: int | None):
-    """``(start, state, graphdef, shardings)`` of FSDP with a paged optimizer: a new state,
-    or checkpoint ``step`` (its parameters from orbax, this process's paged part into its
-    store)."""
-    graphdef, state, shardings = init_sharded(
-        model_cfg, tx, cfg.seed, mesh, init_opt=step is None, placement=placement
-    )
-    if step is None:
-        return 0, state, graphdef, shardings
-    while True:
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-            state._replace(opt_state=None),
-        )
-        restored = ckpts.restore(step, abstract)  # every process: orbax restores together
-        local = ShardedParams(restored.params, shardings).to_local(restored.params)
-        error = None
-        try:
-            opt_state = ckpts.restore_paged(tx, step, local)
-        except CheckpointDamagedError as e:
-            error = e
-        damaged = _damaged_processes(error is not None)
-        if not damaged:
-            return step, restored._replace(opt_state=opt_state), graphdef, shardings
-        step = _fall_back(cfg, ckpts, step, error, damaged)
-
-
-def _start_fuyou(cfg, ckpts: Checkpoints, tx, model_cfg, placement, step: int | None):
-    """``(start, state, graphdef)`` of a run of Fuyou's step: a new state (the optimizer
-    state, and with ``--page-params`` the block parameters, written to the store), or
-    checkpoint ``step`` (its parameters from orbax, its store part into the store)."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from ..nn import layerwise_params
-    from ..step import TrainState
-    from ..strategies.fuyou import fuyou_init, fuyou_resident
-
-    if step is None:
-
-        def build():
-            return model_cfg.build(nnx.Rngs(cfg.seed))
-
-        if cfg.page_params:
-            # the blocks made one layer at a time, straight into the store: a model larger
-            # than memory is never whole in it
-            graphdef, params = layerwise_params(build)
-        else:
-            graphdef, params = nnx.split(build(), nnx.Param)
-        opt = fuyou_init(
-            model_cfg,
-            tx,
-            params,
-            page_params=cfg.page_params,
-            read_ahead_bytes=cfg.fuyou_read_ahead_bytes(),
-        )
-        if cfg.page_params:
-            params = fuyou_resident(params)  # the blocks now live in the store only
-        return 0, TrainState(jnp.zeros((), jnp.int32), params, opt), graphdef
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))), nnx.Param)
-    if cfg.page_params:
-        params = jax.eval_shape(fuyou_resident, params)
-    abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, None)
-    while True:
-        state = ckpts.restore(step, abstract_with(abstract, state_shardings(placement, abstract)))
-        try:
-            return step, state._replace(opt_state=ckpts.restore_paged(tx, step, None)), graphdef
-        except CheckpointDamagedError as e:
-            step = _fall_back(cfg, ckpts, step, e, [0])
-
-
-class FuyouTrainStep:
-    """The trainer's Fuyou step (``--fuyou``): ``compile(state, inputs, targets)`` gives the
-    compiled ``make_fuyou_step`` (the state donated); `evaluator` the loss for evaluation
-    when the parameters are paged."""
-
-    def __init__(self, graphdef, model_cfg, tx, page_params: bool):
-        from ..strategies.fuyou import make_fuyou_loss, make_fuyou_step
-
-        step = make_fuyou_step(graphdef, model_cfg, tx, page_params=page_params)
-        self._step = jax.jit(step, donate_argnums=0)
-        # the parameters in the state: the trainer's own evaluation applies
-        self._loss = jax.jit(make_fuyou_loss(graphdef, model_cfg, tx)) if page_params else None
-        self.tx = tx
-
-    def compile(self, state, inputs, targets):
-        return self._step.lower(state, inputs, targets).compile()
-
-    def evaluator(self):
-        """``loss(state, inputs, targets)`` with the parameters read from the store (with
-        ``page_params``), else None (the trainer's evaluation of ``state.params``)."""
-        if self._loss is None:
-            return None
-        return lambda state, x, y: self._loss(state.params, state.opt_state, x, y)
-
-    def io_table(self) -> str:
-        from ..strategies.fuyou import fuyou_table
-
-        return fuyou_table(self.tx)
-
-
-def _damaged_processes(mine: bool) -> list[int]:
-    """The processes whose paged part of the checkpoint being restored is damaged."""
-    from ..distributed import allgather_ints
-
-    flags = allgather_ints([int(mine)])[:, 0]
-    return [p for p, bad in enumerate(flags) if bad]
 
 
 def _fall_back(cfg, ckpts: Checkpoints, step: int, error, damaged: list[int]) -> int:
     """Checkpoint ``step`` has a damaged paged part in processes ``damaged``: refused (one
     line), or with ``--resume-fallback`` removed, all processes going back together to the
     newest intact checkpoint before it (chosen by process 0); returns that step. In one
-    process, ``error`` is the damage found."""
+    process, ``error`` is the damage found (the step's ``PageStoreCorruptError``).
+
+    The steps call it (`jaxoff.step.FallBack`) from their ``restore``."""
     from ..distributed import barrier, broadcast_int
 
+    if isinstance(error, PageStoreCorruptError):  # the working store was checked before: the copy
+        error = CheckpointDamagedError(str(error).removeprefix("restore_paged: "))
     damaged_step = step
     if jax.process_count() == 1:
         reject(cfg, step, error)
@@ -385,30 +224,14 @@ def _global_batches(batches: Batches, mesh):
     return lambda i: tuple(from_host(x, sharding) for x in batches(i))
 
 
-def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_batches, step_fn):
+def _loop(cfg, ckpts, step_fn: Step, state, start, batches, val_batches):
     t0 = time.perf_counter()
+    mesh = cfg.mesh()  # the batches are global arrays over it when processes share it
     batches = _global_batches(batches, mesh)
     val_batches = _global_batches(val_batches, mesh)
-    evaluate = getattr(step_fn, "evaluator", lambda: None)()
-    io_split = IoSplit(tx, getattr(step_fn, "io_table", lambda: None)())
-    if step_fn is not None:
-        step_fn = step_fn.compile(state, *batches(start))
-    else:
-        train_step = make_train_step(graphdef, tx, placement)
-        step_fn, shardings = jit_step(train_step, placement, state, mesh)
-        if jax.process_count() > 1:
-            from ..distributed import from_host
-
-            state = jax.tree.map(from_host, state, shardings)
-        else:
-            state = jax.device_put(state, shardings)
-        # jit_step compiles with jaxoff.compiler_options (on CPU with 16-bit parameters: no
-        # float32 copy of the stacked blocks)
-        step_fn = compile_placed(step_fn.lower(state, *batches(start)), placement)
+    io_split = IoSplit(step_fn.io_table())
+    state = step_fn.compile(state, *batches(start))
     compile_s = time.perf_counter() - t0
-    if evaluate is None:
-        loss_fn = jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
-        evaluate = lambda state, x, y: loss_fn(state.params, x, y)  # noqa: E731
 
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
     log = MetricsLog(metrics_path(Path(cfg.out_dir)), run=cfg)  # + lr, TensorBoard
@@ -446,12 +269,12 @@ def _loop(cfg, ckpts, tx, graphdef, state, start, placement, mesh, batches, val_
                     "disk_read_gbps": (io1[0] - io0[0]) / dt / 1e9,
                     "disk_write_gbps": (io1[1] - io0[1]) / dt / 1e9,
                     **io_split.record(split0, dt),
-                    **getattr(step_fn, "split", {}),  # FSDP with a paged optimizer: phases
+                    **step_fn.phase_times(),  # FSDP with a paged optimizer: its phases
                 }
                 if step == start + 1:
                     record["compile_s"] = compile_s
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    record["val_loss"] = _evaluate(evaluate, state, val_batches, cfg)
+                    record["val_loss"] = _evaluate(step_fn.evaluate, state, val_batches, cfg)
                 _faults.point("train.step")
                 # the line goes first: a step that counts as checkpointed always has its line
                 log.write(record)
@@ -503,9 +326,10 @@ class IoSplit:
     paged.
     """
 
-    def __init__(self, tx, table: str | None = None):
-        """``table``: the file table the step pages through (default: ``tx``'s pager's)."""
-        self._table = table or getattr(getattr(tx, "pager", None), "table", None)
+    def __init__(self, table: str | None):
+        """``table``: the file table the step pages through (`jaxoff.step.Step.io_table`;
+        None: it pages nothing)."""
+        self._table = table
 
     def snapshot(self) -> dict | None:
         return file_table_stats(self._table) if self._table else None
