@@ -423,3 +423,33 @@ def test_children_die_with_the_launcher(tmp_path):
         for pid in pids:  # only after a failure: children that outlived the launcher
             if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.subprocess
+def test_a_peers_refusal_is_one_line_for_the_job(tmp_path, capfd):
+    """Issue 46: process 0 refuses (one line, exit 2); process 1 then dies on the broken
+    connection with an XLA fatal error and a stack trace. The job shows process 0's line,
+    not process 1's noise (said as held back, in one launcher line)."""
+    body = """
+if me == 0:
+    wait_for("pid.1")
+    time.sleep(1.0)  # process 1's first line is older than the relay's hold: it is shown
+    print("jaxoff train: error: --out-dir run is in use by a running `jaxoff train`",
+          file=sys.stderr, flush=True)
+    write("refused.0", "")
+    sys.exit(2)
+else:
+    print("process 1 starting", file=sys.stderr, flush=True)
+    write("pid.1", str(os.getpid()))
+    wait_for("refused.0")
+    for k in range(20):
+        print(f"F0000 fatal: coordination service unreachable, frame {k}", file=sys.stderr)
+    sys.stderr.flush()
+    time.sleep(60)
+"""
+    assert run(LaunchSpec(2, 1, ("x",), grace_s=5), body, tmp_path) == 2
+    err = capfd.readouterr().err
+    assert "jaxoff train: error: --out-dir run is in use" in err
+    assert "process 1 starting" in err
+    assert "fatal" not in err, err
+    assert "not shown: what process 1 printed as it was stopped after process 0 failed" in err

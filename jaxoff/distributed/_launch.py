@@ -222,11 +222,25 @@ def launch(spec: LaunchSpec, argv: list[str] | None = None) -> int:
     previous = _install_handlers(forward)
     try:
         wrapped = _dying_with_parent(argv)
+        relay = Relay()
         for i in range(spec.processes):
             # process_group=0: a Ctrl-C at the terminal reaches the launcher alone, which
-            # passes it on once; in the terminal's group, each child would get it twice
-            procs.append(subprocess.Popen(wrapped, env=child_env(spec, i, port), process_group=0))
-        return _supervise(procs, spec.grace_s, received)
+            # passes it on once; in the terminal's group, each child would get it twice.
+            # Process 0 keeps the terminal (its progress display); the others' stderr goes
+            # through the relay, which holds back what they print once a peer has failed.
+            pipe = subprocess.PIPE if i else None
+            procs.append(
+                subprocess.Popen(
+                    wrapped, env=child_env(spec, i, port), process_group=0, stderr=pipe
+                )
+            )
+            if i:
+                relay.watch(i, procs[-1].stderr)
+        try:
+            return _supervise(procs, spec.grace_s, received, relay)
+        finally:
+            _signal_running(procs, signal.SIGKILL)
+            relay.close()
     finally:
         # a failed start (OSError) or an exception while supervising leaves no child behind
         _signal_running(procs, signal.SIGKILL)
@@ -236,7 +250,70 @@ def launch(spec: LaunchSpec, argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
-def _supervise(procs: list[subprocess.Popen], grace_s: float, received: list[int]) -> int:
+class Relay:
+    """Copies the stderr of processes 1..N-1 to the launcher's, half a second late: when a
+    process fails, what the others print from then on (a refused run's peers die on the
+    broken connection with an XLA fatal error and a C++ stack trace) is not shown, so that
+    the failing process's own line is the job's. A count of what was held back is said
+    once at the end."""
+
+    HOLD_S = 0.5
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._chunks: list[tuple[float, int, bytes]] = []
+        self._threads: list[threading.Thread] = []
+        self._failed: tuple[int, float] | None = None  # (process, when it was found ended)
+        self.dropped: dict[int, int] = {}
+
+    def watch(self, i: int, pipe) -> None:
+        def read():
+            fd = pipe.fileno()
+            while chunk := os.read(fd, 65536):
+                with self._lock:
+                    self._chunks.append((time.monotonic(), i, chunk))
+            pipe.close()
+
+        t = threading.Thread(target=read, daemon=True, name=f"jaxoff-launch-relay-{i}")
+        t.start()
+        self._threads.append(t)
+
+    def failed(self, i: int) -> None:
+        """Process ``i`` failed first: from ``HOLD_S`` before now on, the others are quiet."""
+        with self._lock:
+            if self._failed is None:
+                self._failed = (i, time.monotonic() - self.HOLD_S)
+
+    def flush(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            ready = [c for c in self._chunks if everything or now - c[0] >= self.HOLD_S]
+            self._chunks = [c for c in self._chunks if c not in ready]
+        for t, i, chunk in ready:
+            if self._failed is not None and i != self._failed[0] and t >= self._failed[1]:
+                self.dropped[i] = self.dropped.get(i, 0) + chunk.count(b"\n")
+                continue
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), chunk)
+
+    def close(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
+        self.flush(everything=True)
+        if self.dropped and self._failed is not None:
+            who = ", ".join(map(str, sorted(self.dropped)))
+            _say(
+                f"not shown: what process {who} printed as it was stopped after process "
+                f"{self._failed[0]} failed ({sum(self.dropped.values())} lines)"
+            )
+
+
+def _supervise(
+    procs: list[subprocess.Popen],
+    grace_s: float,
+    received: list[int],
+    relay: Relay | None = None,
+) -> int:
     status = 0
     done = [False] * len(procs)
     kill_at: float | None = None
@@ -254,6 +331,8 @@ def _supervise(procs: list[subprocess.Popen], grace_s: float, received: list[int
             p = procs[i]
             done[i] = True
             if p.returncode != 0 and status == 0:
+                if relay is not None:
+                    relay.failed(i)
                 status = p.returncode if p.returncode > 0 else 128 - p.returncode
                 what = (
                     f"exited with code {p.returncode}"
@@ -267,6 +346,8 @@ def _supervise(procs: list[subprocess.Popen], grace_s: float, received: list[int
                 if signal.SIGTERM not in received:  # a second one could cut a clean exit short
                     _signal_running(procs, signal.SIGTERM)
                 kill_at = time.monotonic() + grace_s
+        if relay is not None:
+            relay.flush()
         if all(done):
             return status
         if kill_at is not None and time.monotonic() >= kill_at:

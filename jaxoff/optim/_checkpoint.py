@@ -241,6 +241,7 @@ def copy_in(
             f"restore_paged: checkpoint {directory} holds another optimizer "
             f"state than this model needs (differences: {diffs[:5]})"
         )
+    _check_page_files(store, saved, directory)  # all there before anything is written
     rounds = 1
     if (
         same_parity
@@ -265,6 +266,26 @@ def copy_in(
             crcs[name] = info["crcs"]
         store.commit(crcs)
     return crcs, int(meta["store_version"])
+
+
+def _check_page_files(store: PageStore, saved: dict, directory: str) -> None:
+    """Every page file of the checkpoint is there and long enough, or the checkpoint is
+    damaged (`PageStoreCorruptError`, naming the file): found before the store is touched."""
+    for name, e in store.entries.items():
+        path = os.path.join(directory, str(saved[name]["file"]))
+        need = max((c.elem_start * e.dtype.itemsize + c.nbytes for c in e.chunks), default=0)
+        try:
+            size = os.stat(path).st_size
+        except OSError as err:
+            raise PageStoreCorruptError(
+                f"restore_paged: page file {path} of the checkpoint is unreadable "
+                f"({err.strerror}: deleted or moved); use an older checkpoint"
+            ) from None
+        if size < need:
+            raise PageStoreCorruptError(
+                f"restore_paged: page file {path} of the checkpoint is {need - size} bytes "
+                f"short (truncated); use an older checkpoint"
+            )
 
 
 def _refuse_incomplete(directory: str, manifest: str) -> None:

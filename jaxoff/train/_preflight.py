@@ -25,10 +25,10 @@ def preflight(cfg: TrainConfig) -> None:
     from ._resume import check_out_dir
     from ._rundir import check_free
 
+    check_store_place(cfg)
     if jax.process_index() == 0:  # the one that locks and prepares the run directory
         check_free(cfg.out_dir)
         check_out_dir(cfg)
-    check_store_place(cfg)
     check_data(cfg)
     check_memory(cfg)
 
