@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -14,11 +15,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_wheel_installs_only_the_jaxoff_package():
     """models/ ships as jaxoff.models: a top-level package named plainly `models` would clash
-    with the PyPI distribution of that name and with users' own models/ folders."""
+    with the PyPI distribution of that name and with users' own models/ folders. Both
+    directories are force-included, not listed as packages: an editable install puts the
+    parent directory of every listed package on sys.path (the repository root here)."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = cfg["tool"]["scikit-build"]["wheel"]["packages"]
-    assert packages == {"jaxoff": "jaxoff", "jaxoff/models": "models"}
-    assert all(key.split("/")[0] == "jaxoff" for key in packages)
+    wheel = cfg["tool"]["scikit-build"]["wheel"]
+    assert wheel["packages"] == []
+    assert wheel["force-include"] == {"jaxoff": "jaxoff", "models": "jaxoff/models"}
+    assert all(dest.split("/")[0] == "jaxoff" for dest in wheel["force-include"].values())
+
+
+def test_the_install_puts_no_top_level_models_on_the_path(tmp_path):
+    """From any directory, with no PYTHONPATH, the installed jaxoff imports jaxoff.models
+    and nothing of the repository's root: not `models`, not `tests`."""
+    code = (
+        "import importlib.util, sys\n"
+        "import jaxoff.models.gpt\n"
+        f"root = {str(ROOT)!r}\n"
+        "assert root not in sys.path, sys.path\n"
+        "for name in ('models', 'tests', 'bench'):\n"
+        "    assert importlib.util.find_spec(name) is None, name\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env)
 
 
 def test_dependencies_are_ranges_with_the_tested_lower_bounds():
