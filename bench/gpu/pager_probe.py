@@ -397,11 +397,20 @@ def child(spec: dict) -> dict:
 
     dev = jax.devices()[0]
     store = gpu_probe.new_store(spec.get("store_dir"))
-    trace = tempfile.mkdtemp(prefix="jaxoff-trace-") if spec.get("profile") else None
+    trace_dir = tempfile.mkdtemp(prefix="jaxoff-trace-") if spec.get("profile") else None
+    trace = trace_dir
     try:
         with jax.default_device(dev):
+            profile_error = None
             if trace:
-                jax.profiler.start_trace(trace)
+                try:  # device activity only: no Python or host-thread tracing (overhead)
+                    opts = jax.profiler.ProfileOptions()
+                    opts.python_tracer_level = 0
+                    opts.host_tracer_level = 0
+                    opts.enable_hlo_proto = False
+                    jax.profiler.start_trace(trace, profiler_options=opts)
+                except Exception as e:  # no CUPTI: the probe still runs, without busy time
+                    profile_error, trace = f"{type(e).__name__}: {str(e)[:300]}", None
             try:
                 rec = capacity.run_probe(
                     spec["mode"],
@@ -416,6 +425,7 @@ def child(spec: dict) -> dict:
             finally:
                 if trace:
                     jax.profiler.stop_trace()
+        rec["profile_error"] = profile_error
         if trace:
             busy = gpu_busy_s(trace)
             steps = sum(rec["step_s"])
@@ -433,7 +443,9 @@ def child(spec: dict) -> dict:
         rec.update(figs)
         peak = PEAK_BF16.get(next((k for k in PEAK_BF16 if k in dev.device_kind), ""), None)
         rec["mfu"] = round(rec["model_flops_per_s"] / peak, 4) if peak else None
-        rec["ok"] = bool(rec.get("finite", True))
+        # trained: finite, and (from 10 steps, two passes over the same windows) loss falling
+        falling = rec.get("loss_falling", True) if spec["steps"] >= 10 else True
+        rec["ok"] = bool(rec.get("finite", True) and falling)
     except Exception as e:  # an OOM is a result, not a crash
         rec = {
             "ok": False,
@@ -442,8 +454,8 @@ def child(spec: dict) -> dict:
         }
     finally:
         shutil.rmtree(store, ignore_errors=True)
-        if trace:
-            shutil.rmtree(trace, ignore_errors=True)
+        if trace_dir:
+            shutil.rmtree(trace_dir, ignore_errors=True)
     rec.update({k: spec[k] for k in ("mode", "layers", "d_model")})
     return rec
 
