@@ -27,8 +27,8 @@ from flax.training import train_state
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxoff.optim import paged
-from jaxoff.policy import Policy
-from jaxoff.train._data import Batches, load_corpus
+from jaxoff.policy import get_policy
+from jaxoff.train import Batches, load_corpus
 
 NAMES = ("attn_qkv", "attn_probs", "attn_out", "mlp_hidden", "mlp_out")
 """The residual names this model's blocks tag; a jaxoff Policy is over them."""
@@ -93,7 +93,7 @@ def main(
     log_every: int = 25,
 ) -> list[float]:
     """Trains for ``steps`` and returns the loss of every step."""
-    remat_policy = Policy.parse(policy, names=NAMES).to_jax()
+    remat_policy = get_policy(policy, NAMES).to_jax()
     model = GPT2(d_model=d_model, num_layers=num_layers, remat_policy=remat_policy)
     tokens = load_corpus(max_bytes=4 << 20)
     batches = Batches(tokens, batch_size, seq_len, seed=0)

@@ -3,6 +3,8 @@
 python examples/paged_adamw.py /tmp/paged-example
 """
 
+from __future__ import annotations
+
 import sys
 
 import jax
@@ -12,7 +14,9 @@ import optax
 from jaxoff.optim import paged, update_and_apply
 
 
-def main(store_dir: str) -> None:
+def main(store_dir: str, steps: int = 20) -> list[float]:
+    """Trains for ``steps`` with the optimizer state paged to ``store_dir``; returns the
+    loss of every step."""
     k1, k2 = jax.random.split(jax.random.key(0))
     params = {
         "w": (jax.random.normal(k1, (64, 64)) * 0.1).astype(jnp.bfloat16),
@@ -33,10 +37,13 @@ def main(store_dir: str) -> None:
         params, state = update_and_apply(tx, grads, state, params)
         return params, state, loss
 
-    for i in range(20):
+    losses = []
+    for i in range(steps):
         params, state, loss = step(params, state)
-        print(f"step {i + 1:2d} loss {float(loss):.5f} store version {int(state.version)}")
+        losses.append(float(loss))
+        print(f"step {i + 1:2d} loss {losses[-1]:.5f} store version {int(state.version)}")
     tx.close()
+    return losses
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def test_linen_gpt2_loss_falls_with_a_paged_optimizer(tmp_path, capsys):
 
 def test_the_policy_acts_on_the_modules_own_names():
     example = _example()
-    policy = example.Policy.parse(example.POLICY, names=example.NAMES)
+    policy = example.get_policy(example.POLICY, example.NAMES)
     assert policy.offloaded() == ("mlp_hidden",)
     model = example.GPT2(d_model=32, num_layers=1, num_heads=2, remat_policy=policy.to_jax())
     tokens = jnp.zeros((2, 8), jnp.int32)
