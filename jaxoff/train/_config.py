@@ -287,9 +287,9 @@ class TrainConfig:
                 f"--page-params, in the page store) and the optimizer state in the store: "
                 f"--placement {self.placement} does not apply; use --placement device"
             )
-        from ..strategies._fuyou import _check_model
+        from ..strategies.fuyou import check_model
 
-        _check_model(model)  # a protocol model with stacked blocks, one block per layer step
+        check_model(model)  # a protocol model with stacked blocks, one block per layer step
 
     def fuyou_read_ahead_bytes(self) -> int | None:
         """``--fuyou-read-ahead-mib`` in bytes (None: Fuyou's default)."""
