@@ -313,12 +313,42 @@ HEALED = {
 # checkpoint damage: refused with the file named; --resume-fallback resumes from the previous
 REFUSED = {
     "paged checkpoint page": lambda run: _flip(_largest_file(run / "checkpoints_paged" / "12")),
+    "paged checkpoint page deleted": lambda run: _largest_file(
+        run / "checkpoints_paged" / "12"
+    ).unlink(),
     "paged checkpoint json": lambda run: _flip(run / "checkpoints_paged" / "12" / "paged.json", 60),
     "orbax checkpoint data": lambda run: _flip(_largest_file(run / "checkpoints" / "12")),
     "orbax checkpoint metadata": lambda run: _flip(
         run / "checkpoints" / "12" / "default" / "_METADATA", 40
     ),
 }
+
+
+def _plant(*folders: Path) -> dict[Path, bytes]:
+    """A file of the user's in each of ``folders`` (created if missing); returns them with
+    their bytes for `_untouched`."""
+    planted = {}
+    for i, d in enumerate(folders):
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"users-file-{i}.txt"
+        path.write_bytes(f"the user's own file {i}, not jaxoff's\n".encode())
+        planted[path] = path.read_bytes()
+    return planted
+
+
+def _untouched(planted: dict[Path, bytes]) -> None:
+    for path, data in planted.items():
+        assert path.is_file() and path.read_bytes() == data, f"{path} was changed or deleted"
+
+
+def _tree(root: Path, but: str | None = None) -> dict[str, bytes | None]:
+    """Every file under ``root`` with its bytes, every folder (None); without the folder
+    ``but`` (relative to ``root``)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+        for p in sorted(root.rglob("*"))
+        if but is None or not p.relative_to(root).parts[:1] == (but,)
+    }
 
 
 @pytest.fixture(scope="session")
@@ -336,7 +366,12 @@ def test_damaged_working_files_are_healed_by_resume(jaxoff, baseline, stopped_ru
     run = tmp_path / "moved-run"  # also resumes where the run directory now lies
     shutil.copytree(stopped_run, run)
     HEALED[kind](run)
+    # the user's files beside the run's, in its checkpoints folder and in its store's folder
+    planted = _plant(run, run / "checkpoints", run / "store", run / "store" / "data")
     err = _ok(jaxoff.train(run, "--store", "auto", "--resume"))
+    _untouched(planted)
+    for path in planted:
+        path.unlink()  # (not part of the record)
     if kind in ("store page missing", "store manifest shape edited", "store manifest truncated"):
         assert "rebuil" in err.lower(), err  # the store did not open: says it rebuilt it
     # (a flipped or truncated page is overwritten unread: --resume rewrites every chunk of the
@@ -352,12 +387,57 @@ def test_damaged_checkpoints_are_refused_then_fall_back(
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)
     REFUSED[kind](run)
-    before = read_metrics(run / "metrics.jsonl")
+    before = _tree(run, but="store")
     error = _one_line_error(jaxoff.train(run, "--store", "auto", "--resume"))
-    assert "12" in error and FALLBACK in error, error  # names the checkpoint and the way out
-    assert read_metrics(run / "metrics.jsonl") == before  # nothing trained, nothing lost
+    assert "checkpoint 12" in error and FALLBACK in error, error  # the checkpoint, the way out
+    # nothing trained, nothing lost, run.lock as it was; only the working store may differ
+    # (a paged checkpoint is verified as it is copied into it; --resume rewrites it anyway)
+    assert _tree(run, but="store") == before
     _ok(jaxoff.train(run, "--store", "auto", "--resume", FALLBACK))
     Record.of(run).assert_equals(baseline.record)
+
+
+@pytest.mark.slow
+def test_a_rebuilt_store_keeps_the_users_files(jaxoff, baseline, tmp_path):
+    """Issue 46: a single-slot --store left mid-update by a crash, its manifest damaged, is
+    rebuilt by --resume, deleting only the files its marker names: the user's own files in
+    that folder stay."""
+    run, store = tmp_path / "run", tmp_path / "opt-store"
+    opts = ("--store", str(store), "--store-slots", "1")
+    proc = jaxoff.train(run, *opts, fault="store.write:15")  # mid-update, after a checkpoint
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert (store / "IN_PLACE_OPEN").exists() and (store / "jaxoff-store.json").exists()
+    planted = _plant(store, store / "data", tmp_path)
+    os.truncate(store / "manifest.json", 50)  # and its manifest damaged: the marker names files
+    err = _ok(jaxoff.train(run, *opts, "--resume"))
+    assert "rebuil" in err.lower(), err
+    _untouched(planted)
+    Record.of(run).assert_equals(baseline.record)
+
+
+@pytest.mark.slow
+def test_overwrite_removes_only_what_the_run_wrote(jaxoff, stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    planted = _plant(run, run / "checkpoints", run / "store", run / "store" / "data")
+    planted |= _plant(run / "notes", run / "checkpoints" / "mine")
+    _ok(jaxoff.train(run, "--store", "auto", "--overwrite", steps=2))
+    _untouched(planted)
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == 2  # and it trained anew
+
+
+def test_store_above_the_run_is_refused_and_nothing_changes(jaxoff, stopped_run, tmp_path):
+    """Issue 46: --store runs --out-dir runs/exp1, with another run under runs/: one line,
+    before anything is written (it used to delete every run under runs/)."""
+    runs = tmp_path / "runs"
+    shutil.copytree(stopped_run, runs / "exp0")
+    before = _tree(tmp_path)
+    for store, out in [(runs, runs / "exp1"), (runs / "exp0", runs / "exp1"), (runs, runs)]:
+        error = _one_line_error(jaxoff.train(out, "--store", str(store), "--resume"))
+        assert "--store" in error, error
+        error = _one_line_error(jaxoff.train(out, "--store", str(store), "--overwrite"))
+        assert "--store" in error, error
+        assert _tree(tmp_path) == before
 
 
 def test_a_config_edited_by_hand_is_refused(jaxoff, stopped_run, tmp_path):
@@ -485,3 +565,82 @@ def test_second_process_on_a_live_run_or_its_store_is_refused(jaxoff, tmp_path):
     )
     _ok(proc)
     assert read_metrics(run / "metrics.jsonl")[-1]["step"] == latest + 2
+
+
+# --- the user's files are never touched: random sequences --------------------------------------
+
+_USERS = [  # the user's own files, relative to the home folder
+    "notes.txt",
+    "data/corpus-notes.md",
+    "runs/README",
+    "runs/exp1/mine.txt",  # beside a run's files
+    "runs/exp1/checkpoints/keep.txt",  # in a folder jaxoff writes into
+    "runs/exp2/notes/a.txt",
+]
+
+
+def _bad_invocations(home: Path) -> list[list[str]]:
+    runs = home / "runs"
+    out1, out2 = ["--out-dir", str(runs / "exp1")], ["--out-dir", str(runs / "exp2")]
+    return [
+        [*out1, "--store", str(runs)],  # a folder above the run (and other runs)
+        [*out1, "--store", str(home), "--overwrite"],
+        [*out2, "--store", str(runs / "exp1"), "--resume"],  # another run's directory
+        [*out2, "--store", str(runs / "exp1" / "checkpoints")],  # a run's folder
+        [*out1, "--store", str(home / "data"), "--resume"],  # the user's folder
+        [*out1, "--store", str(runs / "exp1")],  # the out-dir itself
+        [*out2, "--batch-size", "0", "--overwrite"],
+        [*out1, "--data", str(home / "notes.txt"), "--overwrite"],  # too short to train on
+    ]
+
+
+@pytest.mark.slow
+def test_random_sequences_never_touch_the_users_files(jaxoff, tmp_path):
+    """Train, kill, resume, overwrite, damage and bad invocations in a random (seeded) order
+    over a folder that holds the user's own files: those are never changed or deleted, and a
+    refused invocation leaves the whole folder as it was (run.lock included)."""
+    from jaxoff.cli import main
+
+    home = tmp_path / "home"
+    planted = {}
+    for rel in _USERS:
+        path = home / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"the user's own {rel}\n".encode())
+        planted[path] = path.read_bytes()
+    runs = {
+        "exp1": (home / "runs" / "exp1", ("--store", "auto")),
+        "exp2": (home / "runs" / "exp2", ("--store", str(home / "stores" / "exp2"))),
+    }
+    rng = random.Random(46)
+    actions = ["train", "kill", "resume", "overwrite", "damage", "bad"]
+    plan = actions + [rng.choice(actions + ["bad", "kill", "resume"]) for _ in range(8)]
+    rng.shuffle(plan)  # every action at least once, 14 in all
+    seen = []
+    for action in plan:
+        name = rng.choice(sorted(runs))
+        run, opts = runs[name]
+        seen.append(f"{action} {name}")
+        steps = 6
+        if action == "train":
+            jaxoff.train(run, *opts, steps=steps)
+        elif action == "kill":
+            point = rng.choice(list(POINTS))
+            resume = ("--resume",) if (run / "config.json").exists() else ()
+            jaxoff.train(run, *opts, *resume, fault=f"{point}:1", steps=steps)
+        elif action == "resume":
+            jaxoff.train(run, *opts, "--resume", steps=steps)
+        elif action == "overwrite":
+            jaxoff.train(run, *opts, "--overwrite", steps=steps)
+        elif action == "damage":  # the working store's manifest: --resume rebuilds it
+            store = run / "store" if opts[1] == "auto" else Path(opts[1])
+            if (store / "manifest.json").exists():
+                os.truncate(store / "manifest.json", 40)
+        else:
+            argv = rng.choice(_bad_invocations(home))
+            before = _tree(home)
+            code = main(["train", *ARGS, "--steps", str(steps), *argv])
+            assert code == 2, (seen, argv)
+            assert _tree(home) == before, (seen, argv)
+        _untouched(planted)
+    assert {a.split()[0] for a in seen} >= {"train", "kill", "resume", "overwrite", "bad"}, seen

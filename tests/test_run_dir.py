@@ -336,3 +336,22 @@ def test_disk_full_errors_are_recognised(tmp_path):
     assert "cannot write /c/5/d/0f (no space left" in str(disk_full_error(orbax, 5, step_dir))
     assert disk_full_error(ValueError("bad shape"), 5, step_dir) is None
     assert disk_full_error(OSError(errno.EIO, "I/O error"), 5, step_dir) is None
+
+
+def test_a_torn_last_metrics_line_is_said_with_its_step(tmp_path, capfd):
+    """Issue 46: a torn last line is dropped on resume, and said: whose step it was, and
+    whether that step is trained again or (checkpointed) its line is lost."""
+    from jaxoff.train._resume import warn_torn_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    good = "".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(1, 13))
+    path.write_text(good)
+    warn_torn_metrics(path, 12)
+    assert capfd.readouterr().err == ""  # whole: nothing to say
+    path.write_text(good + '{"step": 13, "loss": 2.')
+    warn_torn_metrics(path, 12)
+    assert "step 13's, torn by the stop" in capfd.readouterr().err
+    path.write_text(good[:-5])  # step 12's line cut, and step 12 is checkpointed
+    warn_torn_metrics(path, 12)
+    err = capfd.readouterr().err
+    assert "step 12's, torn" in err and "its metrics line is lost" in err

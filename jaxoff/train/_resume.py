@@ -83,12 +83,57 @@ def prepare_out_dir(cfg: TrainConfig) -> int | None:
                 f"no checkpoint in {ckpt_dir} yet (the run stopped before its first); "
                 f"starting from step 0"
             )
+            warn_torn_metrics(out / "metrics.jsonl", 0)
             return None
-        return pick_step(cfg)
+        step = pick_step(cfg)
+        warn_torn_metrics(out / "metrics.jsonl", step)
+        return step
     elif holds_run(out):  # with --overwrite (check_out_dir refused it otherwise)
         remove_run(cfg)
     config_path.write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True))
     return None
+
+
+def warn_torn_metrics(path: Path, start: int) -> None:
+    """Says so when the log's last line is torn (cut short by a stop, or damaged), which
+    resume drops: whose step it was, and whether that step is trained again (after
+    checkpoint ``start``) or its line is lost (a checkpointed step is not run again)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - (1 << 16)))
+            tail = f.read()
+    except OSError:
+        return
+    lines = tail.split(b"\n")
+    last = lines[-1] if tail and not tail.endswith(b"\n") else None
+    if last is None:
+        try:
+            json.loads(lines[-2]) if len(lines) > 1 else None
+            return
+        except ValueError:
+            last = lines[-2]
+    step = None
+    for line in reversed(lines[:-1]):  # the torn line fails to parse: skipped
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            step = record["step"] + 1
+            break
+    if step is None:
+        step = 1
+    if step <= start:
+        say(
+            f"the last line of {path} (step {step}'s, torn) is dropped; step {step} is in "
+            f"checkpoint {start}, so it is not trained again and its metrics line is lost"
+        )
+    else:
+        say(
+            f"the last line of {path} (step {step}'s, torn by the stop) is dropped; step "
+            f"{step} is trained again from checkpoint {start} and logged anew"
+        )
 
 
 def remove_run(cfg: TrainConfig) -> None:
