@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -179,7 +180,8 @@ class Bench:
             d[:] = np.random.default_rng(s).integers(0, 255, s, dtype=np.uint8)
         self.out = {s: aligned_empty(s) for s in sizes}
         self._engines: dict[EngineConfig, Engine] = {}
-        self._tables: dict[tuple[EngineConfig, int], Callable] = {}
+        # (config, size) -> (jitted read, jitted write, the array written)
+        self._tables: dict[tuple[EngineConfig, int], tuple[Callable, Callable, Any]] = {}
         base = Engine(EngineConfig(block_size=8 << 20, pool_bytes=64 << 20))
         for s in sizes:  # written once, untimed: reads read them, writes overwrite them
             for name in ("engine", "fio", "ffi"):

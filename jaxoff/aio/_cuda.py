@@ -106,7 +106,7 @@ def default_is_gpu() -> bool:
             return False
     except RuntimeError:
         return False
-    device = jax.config.jax_default_device
+    device = getattr(jax.config, "jax_default_device", None)  # typed only by name in jax
     if device is None:
         return True
     platform = device if isinstance(device, str) else getattr(device, "platform", "gpu")

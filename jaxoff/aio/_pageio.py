@@ -26,15 +26,16 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def _full_error(path: str, offset: int, nbytes: int, err: OSError) -> PageStoreFullError:
-    what = "disk is full" if err.errno != errno.EFBIG else "file size limit reached"
+    code = err.errno if err.errno is not None else errno.ENOSPC  # one of FULL_ERRNOS
+    what = "disk is full" if code != errno.EFBIG else "file size limit reached"
     return PageStoreFullError(
         f"cannot write {nbytes} bytes at offset {offset} of page file {path}: {what} "
-        f"({os.strerror(err.errno)}; the file needs {offset + nbytes} bytes). The last "
+        f"({os.strerror(code)}; the file needs {offset + nbytes} bytes). The last "
         "committed version is intact. Free space on that filesystem (or raise `ulimit -f`), "
         "or put the store on a larger disk, then retry",
         path=path,
         needed_bytes=nbytes,
-        errno=err.errno,
+        errno=code,
     )
 
 
@@ -74,7 +75,7 @@ def _io_read(path: str, offset: int, nbytes: int, out: np.ndarray | None = None)
     fd = _open_page(path, os.O_RDONLY)
     try:
         done = 0
-        view = memoryview(out)
+        view = out.data  # a memoryview of the array's bytes
         while done < nbytes:
             n = os.preadv(fd, [view[done:]], offset + done)
             if n == 0:

@@ -139,7 +139,7 @@ class CompareConfig:
             get_strategy(name)  # raises ConfigError listing the valid names
         if self.device_mem is not None:
             try:
-                if self.device_mem_bytes() <= 0:
+                if (self.device_mem_bytes() or 0) <= 0:
                     raise ValueError
             except (ValueError, ConfigError):
                 raise ConfigError(

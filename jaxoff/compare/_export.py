@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import functools
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +92,7 @@ def check_export(
     graphdef, state = abstract_state(cfg, optimizer())
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     step = make_train_step(graphdef, optimizer())
-    result = {"offloaded": list(offloaded)}
+    result: dict[str, Any] = {"offloaded": list(offloaded)}
     for platform in platforms:
         found = placements(export_text(step, (state, tok, tok), platform))
         host = collections.Counter(t for kind, t in found if kind == "pinned_host")

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -178,18 +179,18 @@ def measure_strategy(
     from ..strategies import Recipe, prepare
     from ._measure import optimizer, segment_size
 
-    recipe = Recipe.from_json(recipe)
+    plan = Recipe.from_json(recipe)
     row = {
         "strategy": name,
-        "policy": recipe.policy,
-        "placement": recipe.placement_name(),
-        "store": recipe.store,
-        "note": recipe.note,
+        "policy": plan.policy,
+        "placement": plan.placement_name(),
+        "store": plan.store,
+        "note": plan.note,
     }
     store = Path(store_root or "runs/compare/stores") / name
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.perf_counter()
-    prep = prepare(recipe, load_model(model), optimizer(), store_dir=store, seed=seed)
+    prep = prepare(plan, load_model(model), optimizer(), store_dir=store, seed=seed)
     try:
         tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
         compiled = prep.step.lower(prep.state, tok, tok).compile()
@@ -213,7 +214,7 @@ def measure_strategy(
             remat_every=segment_size(prep.model_config, batch, seq),
         )
         if check_export:
-            row["export"] = export_check(recipe, model, batch, seq)
+            row["export"] = export_check(plan, model, batch, seq)
             row["export_ok"] = row["export"]["ok"]
         if device_mem is not None and row["device_bytes"] > device_mem:
             row["status"] = (
@@ -288,7 +289,7 @@ def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]
             progress.advance(task)
             continue
         progress.update(task, description=f"compile + run {name}")
-        kw = dict(
+        kw: dict[str, Any] = dict(
             model=cfg.model,
             name=name,
             recipe=recipe.to_json(),

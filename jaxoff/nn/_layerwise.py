@@ -81,7 +81,10 @@ def lazy_stack(make_block, num_layers: int, rngs: nnx.Rngs) -> nnx.Module:
     """``stacked`` under `layerwise_params`: the stack's abstract module, its layers made
     later on demand."""
     maker = _LayerMaker(make_block, num_layers, rngs)
-    _recording.get().append(maker)
+    recorded = _recording.get()
+    if recorded is None:
+        raise RuntimeError("lazy_stack runs only inside layerwise_params (stacked calls it)")
+    recorded.append(maker)
     return maker.abstract
 
 

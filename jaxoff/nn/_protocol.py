@@ -38,6 +38,7 @@ import importlib
 import math
 import os
 import sys
+import typing
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
@@ -94,6 +95,7 @@ def check_model(cfg: Any, needs: Iterable[str] = ()) -> Any:
             f"model {who!r} is not a model config (a frozen dataclass instance with "
             f"{', '.join(_FIELDS)}, residual_names and build(rngs)); see jaxoff.nn's docs"
         )
+    cfg = typing.cast(Any, cfg)  # a dataclass instance with the protocol's fields, checked below
     missing = [f for f in _FIELDS if not hasattr(cfg, f)]
     if not callable(getattr(cfg, "build", None)):
         missing.append("build(rngs)")
@@ -133,8 +135,10 @@ def count_params(cfg: Any) -> int:
 
 def sizes() -> dict[str, Any]:
     """Every named size of the shipped model families (GPT sizes keep their plain names)."""
-    from jaxoff.models.gpt import CONFIGS as gpt
-    from jaxoff.models.llama import CONFIGS as llama
+    # jaxoff.models is installed from the repository's models/ (pyproject's force-include):
+    # a type checker reading jaxoff/ does not see it
+    from jaxoff.models.gpt import CONFIGS as gpt  # pyright: ignore[reportMissingImports]
+    from jaxoff.models.llama import CONFIGS as llama  # pyright: ignore[reportMissingImports]
 
     return {**gpt, **llama}
 

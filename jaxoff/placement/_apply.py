@@ -26,7 +26,8 @@ def on_host(f, *args):
     """``f(*args)`` traced as host computation (``compute_on("device_host")``), its outputs in
     host memory, under either form of JAX's ``compute_on``."""
     if _COMPUTE_ON_WRAPS:
-        return compute_on(f, compute_type="device_host", out_memory_spaces=_SPACE["host"])(*args)
+        wrap = compute_on(f, compute_type="device_host", out_memory_spaces=_SPACE["host"])  # pyright: ignore[reportCallIssue]  # jax >= 0.11's form; the checker reads the installed jax
+        return wrap(*args)
     with compute_on("device_host"):
         return f(*args)
 

@@ -75,8 +75,8 @@ def state_shardings(placement: Placement, state, mesh: Mesh | None = None):
     from .._state import TrainState
 
     device = placement.memory_kind("device")
-    return TrainState(
-        step=leaf_sharding((), state.step, device, None if mesh is None else mesh),
+    return TrainState(  # the state's tree, of shardings
+        step=leaf_sharding((), state.step, device, None if mesh is None else mesh),  # pyright: ignore[reportArgumentType]
         params=tree_shardings(state.params, placement.memory_kind(placement.params), mesh),
         opt_state=tree_shardings(state.opt_state, placement.memory_kind(placement.opt_state), mesh),
     )

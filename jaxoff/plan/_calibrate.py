@@ -14,7 +14,7 @@ import math
 import re
 
 from ._cost import Plan, needed_and_recomputed, residual_split
-from ._profile import Profile, trace_profile, with_policy
+from ._profile import Profile, temp_bytes, trace_profile, with_policy
 
 
 def profile(
@@ -66,12 +66,12 @@ def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
         dev, host = residual_split(prof, plan)
         needed, recomputed = needed_and_recomputed(prof, plan)
         found[action] = dict(
-            temp=int(compiled.memory_analysis().temp_size_in_bytes),
+            temp=temp_bytes(compiled),
             residuals=dev + host,
             free=dev + host - prof.fixed_residual_bytes,  # what a plan can change
             stacked=prof.num_layers * sum(prof.name(n).bytes for n in needed),
             recomputed=sum(prof.name(n).bytes for n in recomputed),
-            widened=widened_residual_bytes(compiled.as_text(), prof.num_layers)
+            widened=widened_residual_bytes(compiled.as_text() or "", prof.num_layers)
             if action == "device"
             else 0,
         )

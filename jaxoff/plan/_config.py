@@ -212,7 +212,7 @@ def make_plan(cfg: PlanConfig, console=None):
         hw.to_json(),
         {**prediction_json(pred), "priced": pricer is not None},
         None
-        if gpred is None
+        if gplan is None or gpred is None
         else {
             "plan": {"actions": dict(gplan.actions), "params": gplan.params, "opt": gplan.opt},
             "prediction": prediction_json(gpred),

@@ -99,7 +99,10 @@ def config_fingerprint(model_cfg) -> dict:
     d = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)}
     for key in ("stack", "name"):
         d.pop(key, None)
-    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in d.items()}
+    return {
+        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+        for k, v in d.items()
+    }
 
 
 def _grad_jaxpr(model_cfg, batch: int, seq: int):
@@ -240,7 +243,15 @@ def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> in
     from ..step import compile_step
 
     compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
-    return int(compiled.memory_analysis().temp_size_in_bytes)
+    return temp_bytes(compiled)
+
+
+def temp_bytes(compiled) -> int:
+    """``compiled.memory_analysis().temp_size_in_bytes``: XLA's temporaries of a program."""
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        raise RuntimeError(f"XLA gives no memory analysis on {jax.default_backend()}")
+    return int(analysis.temp_size_in_bytes)
 
 
 def traced_residual_bytes(model_cfg, batch: int, seq: int, actions: dict[str, str]) -> int:

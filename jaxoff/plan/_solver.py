@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -47,21 +48,21 @@ class _Model:
 def _build(prof: Profile, allowed, homes):
     opts = choices(prof, allowed)
     names = list(opts)
-    homes = list(homes or itertools.product(HOMES, HOMES))
+    pairs: list[tuple[str, str]] = list(homes or itertools.product(HOMES, HOMES))
     index = {}
     k = 0
     for n in names:
         for var in ("d", "o", "m", "u", "z", "w", "v"):
             index[(var, n)] = k
             k += 1
-    for h in homes:
+    for h in pairs:
         index[("y", h)] = k
         k += 1
     index["e"] = k
-    return _Model(names, homes, index, k + 1), opts
+    return _Model(names, pairs, index, k + 1), opts
 
 
-def _exprs(prof: Profile, hw: Hardware, mdl: _Model, cpu_lowering: bool):
+def _exprs(prof: Profile, hw: Hardware, mdl: _Model, cpu_lowering: bool) -> dict[str, Any]:
     """Linear expressions (coefficient vectors + constants) of the model's quantities."""
     L, ix, N = prof.num_layers, mdl.index, mdl.n
     by = {p.name: p for p in prof.names}
@@ -172,9 +173,10 @@ def _solve(prof, hw, allowed, homes, cpu_lowering, objective: str, budgets: set[
     integrality[ix["e"]] = 0
     res = milp(
         c,
-        constraints=LinearConstraint(np.array(rows), lo, hi),
+        # scipy's stubs type the bounds as scalars; per-row/per-variable arrays are documented
+        constraints=LinearConstraint(np.array(rows), lo, hi),  # pyright: ignore[reportArgumentType]
         integrality=integrality,
-        bounds=Bounds(lb, ub),
+        bounds=Bounds(lb, ub),  # pyright: ignore[reportArgumentType]
         options={"mip_rel_gap": 1e-9},
     )
     if res.x is None:
@@ -242,13 +244,13 @@ def solve(
 
 def smallest_budget(
     prof, hw, tier: str, *, allowed=None, homes=None, cpu_lowering=False, actions=None
-):
+) -> float | None:
     """Least bytes of ``tier`` (``dev``, ``host``, ``disk``) any plan needs, the other
     budgets held; ``None`` if none fits even then."""
     allowed = restrict(prof, allowed, actions)
     others = {"dev", "host", "disk"} - {tier}
     _, value = _solve(prof, hw, allowed, homes, cpu_lowering, tier, others)
-    return None if value is None else value * GIB
+    return None if value is None else float(value * GIB)
 
 
 def _infeasible_message(prof, hw, allowed, homes, cpu_lowering) -> str:

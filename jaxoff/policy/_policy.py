@@ -60,7 +60,8 @@ def default_names() -> tuple[str, ...]:
     """The names policies are over when none are given: the GPT's
     (``jaxoff.models.gpt.RESIDUAL_NAMES``), imported here so that importing jaxoff imports no
     model."""
-    from jaxoff.models.gpt import RESIDUAL_NAMES
+    # jaxoff.models is installed from the repository's models/ (pyproject's force-include)
+    from jaxoff.models.gpt import RESIDUAL_NAMES  # pyright: ignore[reportMissingImports]
 
     return RESIDUAL_NAMES
 
@@ -240,8 +241,8 @@ class Policy:
             + "; ".join(
                 part
                 for part in (
-                    unknown and f"the model has no {', '.join(map(repr, unknown))}",
-                    missing and f"it gives no action to {', '.join(map(repr, missing))}",
+                    f"the model has no {', '.join(map(repr, unknown))}" if unknown else "",
+                    f"it gives no action to {', '.join(map(repr, missing))}" if missing else "",
                 )
                 if part
             )
