@@ -24,6 +24,7 @@ from ._chunks_api import ram_bytes as ram_bytes
 from ._chunks_api import ram_bytes_np as ram_bytes_np
 from ._chunks_api import unpack_crcs as unpack_crcs
 from ._chunks_api import write_chunk as write_chunk
+from ._commit import StepCommit as StepCommit
 from ._fused import FusedAdamW as FusedAdamW
 from ._fused import FusedAdamWState as FusedAdamWState
 from ._fused import fused_adamw as fused_adamw
@@ -39,6 +40,8 @@ from ._paged import ram_from_bytes as ram_from_bytes
 from ._paged import update_and_apply as update_and_apply
 from ._pipeline import as_bits as as_bits
 from ._state import PagedTensors as PagedTensors
+from ._stepplan import ChunkIO as ChunkIO
+from ._stepplan import StepPlan as StepPlan
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -48,6 +51,9 @@ __all__ = [
     "EntryIO",
     "LeafPlan",
     "Plan",
+    "StepCommit",
+    "StepPlan",
+    "ChunkIO",
     "as_bits",
     "chunk_updater",
     "commit_gate",

@@ -4,37 +4,69 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import threading
 from typing import Any
 
-import crc32c
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
-from jaxoff import _faults
 from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError, PageStoreTornError
 from jaxoff.aio._engine import EngineConfig
-from jaxoff.aio._error_from import record
 from jaxoff.aio._ffi_calls import (
-    new_token,
-    page_flush,
-    page_out,
     register_file_table,
     unregister_file_table,
 )
-from jaxoff.aio._host_call import HostCalls, host_call
+from jaxoff.aio._host_call import HostCalls
 from jaxoff.aio._layout import ALIGN, MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
-from jaxoff.optim._pipeline import EntryIO, page_leaf, prefetch_chunk
+from jaxoff.optim._codec import (  # re-exported: their home before _codec
+    crc_shapes,
+    encode,
+    entry_ios,
+    pack_crcs,
+    ram_bytes,
+    ram_bytes_np,
+    ram_from_bytes,
+    unpack_crcs,
+    write_chunk,
+)
+from jaxoff.optim._commit import StepCommit, commit_gate, stale_reason, wait_for_steps
+from jaxoff.optim._pipeline import EntryIO
 from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
 from jaxoff.optim._state import PagedState, make_state
+from jaxoff.optim._stepplan import StepPlan
+from jaxoff.optim._update import compute_chunk, paged_update
+
+_write_chunk = write_chunk  # its name before _codec
+__all__ = [  # the names other modules import from here (some now defined elsewhere)
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_ENGINE",
+    "PagedState",
+    "PagedTransformation",
+    "Pager",
+    "canonical",
+    "commit_gate",
+    "crc_shapes",
+    "encode",
+    "entry_ios",
+    "pack_crcs",
+    "paged",
+    "prefetch_bytes",
+    "ram_bytes",
+    "ram_bytes_np",
+    "ram_from_bytes",
+    "read_bytes",
+    "stale_reason",
+    "unpack_crcs",
+    "update_and_apply",
+    "wait_for_steps",
+    "write_chunk",
+]
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 DEFAULT_ENGINE = EngineConfig(pool_bytes=128 << 20)  # the paging calls' engine unless given
@@ -206,6 +238,8 @@ class Pager:
         self._lock = threading.Lock()
         self.close_hooks: list = []  # run by close(), once: what strategies opened beside
         self.calls = HostCalls("jaxoff.paged")  # the step's host calls: cacheable names
+        # the check before the step's first read and the commit after its last write
+        self.commits = StepCommit(lambda: self.store, self.root, self.calls)
 
     # ------------------------------------------------------------------ plan and store
 
@@ -290,17 +324,9 @@ class Pager:
         4 KiB-aligned): staging may serve a request with a cached buffer up to twice
         as large, and a prefetch that finds no room is refused."""
         room = self.engine.pool_bytes - self.split_phase_bytes(plan)
-        heads = [0] * len(plan.leaves)
-        for leaf in plan.leaves:
-            if not leaf.entries:  # nothing paged (e.g. masked out): nothing to read
-                continue
-            for i in range(leaf.num_chunks):
-                need = prefetch_bytes(plan, leaf, leaf.chunk_size(i))
-                if need > room:
-                    return heads
-                room -= need
-                heads[leaf.index] += 1
-        return heads
+        cost = lambda leaf, n: prefetch_bytes(plan, leaf, n)  # noqa: E731
+        taken = StepPlan(plan).read_ahead(plan.leaves, room, cost, order="sequential")
+        return [len(taken.get(leaf.index, ())) for leaf in plan.leaves]
 
     def close(self) -> None:
         # A step returns before it has run (JAX dispatches programs asynchronously, and on the
@@ -384,224 +410,11 @@ class Pager:
         return self._step(grads, state, params, apply=True, extra=extra_args)
 
     def _step(self, grads, state: PagedState, params, *, apply: bool, extra: dict):
-        if params is None:
-            raise ValueError(
-                "jaxoff.paged needs the parameters: call tx.update(grads, state, params)"
-            )
-        out_def = jax.tree.structure(params)  # the result keeps the caller's wrappers
-        params, grads = canonical(params), canonical(grads)
-        plan = self.plan(params)
-        self.open_store(plan)
-        ios = self._ios
-        ram = list(state.ram)
-        if len(ram) != len(plan.ram_avals) or len(state.crcs) != len(ios):
-            raise ValueError(
-                "jaxoff.paged: this optimizer state does not belong to these parameters (it "
-                f"holds {len(ram)} RAM leaves and {len(state.crcs)} store entries, the plan "
-                f"{len(plan.ram_avals)} and {len(ios)}); make it with tx.init(params)"
-            )
-        pre_ram, inner_ram = ram[: plan.num_pre], ram[plan.num_pre :]
-        if self.pre is not None:
-            pre_state = jax.tree.unflatten(plan.pre_def, pre_ram)
-            grads, pre_state = self.pre.update(grads, pre_state, params, **extra)
-            pre_ram = jax.tree.leaves(pre_state)
-        new_inner_ram = _chunk.ram_update(plan, self.inner, self.master_dtype, inner_ram, extra)
-        read_slot = (state.version % 2).astype(jnp.int32)
-        g_leaves = plan.params_def.flatten_up_to(grads)
-        p_leaves = plan.params_def.flatten_up_to(params)
-        outs, new_crcs, tokens = [], [None] * len(ios), []
-        # One token runs through all leaves: leaf k+1's first read waits for leaf k's last
-        # write, so XLA cannot schedule every leaf's prologue at once (bounded buffers).
-        # The first read waits for the check that the state describes the store's committed
-        # version: a stale state (e.g. restored without its pages) is refused with its cause.
-        shapes, packed = crc_shapes(state.crcs), pack_crcs(state.crcs)
-        tok = new_token() + host_call(
-            functools.partial(self._check_packed, shapes),
-            jax.ShapeDtypeStruct((), jnp.int32),
-            state.version,
-            packed,
-            name=self.calls.name("check", shapes),
-        )
-        split = self.engine.pool_bytes >= self.split_phase_bytes(plan)
-        # Head start: the first chunks of the step (in paging order, as many as the staging
-        # left over by the pipeline holds) are prefetched now. Nothing here depends on the
-        # gradients, so their reads run during the forward and backward passes.
-        heads = self._head_chunks(plan) if split else [0] * len(plan.leaves)
-        head_tickets = []
-        for leaf, h in zip(plan.leaves, heads, strict=True):
-            leaf_ios = [ios[k] for k in leaf.entries]
-            leaf_crcs = [state.crcs[k] for k in leaf.entries]
-            tickets = []
-            for i in range(h):
-                tickets.append(
-                    prefetch_chunk(
-                        self.table, leaf_ios, leaf_crcs, read_slot, i, leaf.chunk_size(i), tok
-                    )
-                )
-                tok = tickets[-1][-1]
-            head_tickets.append(tickets)
-        # The previous step's commit runs in the background (its cache flush behind this
-        # step's forward and backward passes); this step's first write overwrites the slot
-        # of the version before it, so every write waits for it to be durable. The gate
-        # reads a gradient, so it runs once backward has produced one, by when the commit
-        # is long done.
-        tok = tok + commit_gate(lambda: self.store, self.root, tok, g_leaves[0], calls=self.calls)
-        gated = tok
-        for leaf, g, p, head in zip(plan.leaves, g_leaves, p_leaves, head_tickets, strict=True):
-            compute = functools.partial(
-                self._compute, plan, leaf, g.reshape(-1), p.reshape(-1), inner_ram, extra, apply
-            )
-            pipeline = functools.partial(
-                page_leaf,
-                self.table,
-                [ios[k] for k in leaf.entries],
-                [state.crcs[k] for k in leaf.entries],
-                read_slot,
-                leaf.chunk_elems,
-                leaf.n_full,
-                leaf.tail,
-            )
-            out = p.reshape(-1) if apply else jnp.zeros((leaf.size,), self.master_dtype)
-            # The pipeline reads materialised gradients (see _one_trip): fused into some
-            # chunks' updates and not others, the last ops of the gradient (or of clipping)
-            # would change FMA contraction and hence the last bit.
-            out, crcs, tok = _one_trip(pipeline, out, compute, tok, split_phase=split, head=head)
-            for k, c in zip(leaf.entries, crcs, strict=True):
-                new_crcs[k] = c
-            outs.append(out.reshape(leaf.shape))
-            if leaf.index == 0 and _faults.armed("store.write"):
-                tok = tok + _write_fault_point(tok)
-            tokens.append(tok)
-        new_ram = tuple(pre_ram) + tuple(new_inner_ram)
-        ram_io = ios[-1]
-        crc, tok = page_out(
-            self.table,
-            jnp.asarray(ram_io.file_ids)[1 - read_slot, 0],
-            jnp.asarray(ram_io.offsets)[0],
-            ram_bytes(plan, new_ram),
-            gated,
-        )
-        new_crcs[-1] = crc.reshape(1)
-        tokens.append(tok)
-        # The commit follows every write of the step onto disk: write-behind writes included.
-        # Its order is data: it waits for the flush token, and the next step reads the
-        # version it returns. (ordered=True would add an effect token, which jax 0.10.2
-        # cannot lower next to outputs placed in host memory.)
-        tokens = [page_flush(self.table, functools.reduce(jnp.add, tokens))]
-        new_shapes = crc_shapes(new_crcs)
-        version = host_call(
-            functools.partial(self._commit_packed, shapes, new_shapes),
-            jax.ShapeDtypeStruct((), jnp.int32),
-            state.version,
-            packed,
-            pack_crcs(new_crcs),
-            tuple(tokens),
-            name=self.calls.name("commit", (shapes, new_shapes, len(tokens))),
-        )
-        out_tree = jax.tree.unflatten(out_def, outs)
-        return out_tree, make_state(plan, self.root, version, new_crcs, new_ram)
+        return paged_update(self, grads, state, params, apply=apply, extra=extra)
 
-    def _compute(self, plan, leaf, g_flat, p_flat, inner_ram, extra, apply, i, n, chunks):
-        start = i * leaf.chunk_elems
-        g = _slice_bits(g_flat, start, n)
-        p_ram = _slice_bits(p_flat, start, n)
-        entries = [plan.entries[k] for k in leaf.entries]
-        chunks = [x.astype(e.dtype) for e, x in zip(entries, chunks, strict=True)]
-        p_in, states = (chunks[0], chunks[1:]) if leaf.master else (p_ram, chunks)
-        u, new_states = self._chunk_update(plan, leaf.index, g, p_in, states, inner_ram, extra)
-        # The new parameters are computed here, fused with the update as plain optax fuses
-        # them (XLA contracts a*b+c to FMA inside a fusion); the returned updates are then the
-        # exact difference, so that optax.apply_updates(params, updates) reproduces them.
-        new_p = optax.apply_updates(p_in, u)
-        if leaf.master:
-            writes = [new_p, *new_states]
-            new_param = new_p.astype(leaf.dtype)
-        else:
-            writes = list(new_states)
-            new_param = new_p
-        out = new_param if apply else exact_delta(new_param, p_ram)
-        return out, [w.astype(e.storage) for e, w in zip(entries, writes, strict=True)]
-
-    def _chunk_update(self, plan, j, g, p, states, inner_ram, extra):
-        """`_chunk.chunk_update` of leaf ``j``, traced once per leaf and chunk shape
-        (`_chunk.traced_once`). Extra arguments (a user's ``value=`` and the like) are passed
-        as they are, untraced, by the plain call."""
-        args = (g, p, states, inner_ram)
-        if extra or not all(isinstance(x, jax.Array) for x in jax.tree.leaves(args)):
-            return _chunk.chunk_update(
-                plan, self.inner, self.master_dtype, j, g, p, states, inner_ram, extra
-            )
-        key = (id(plan), j)
-        if key not in self._chunk_fns:  # the plan kept alive with it: its id stays its own
-            self._chunk_fns[key] = (
-                plan,
-                _chunk.traced_once(plan, self.inner, self.master_dtype, j),
-            )
-        return self._chunk_fns[key][1](*args)
-
-    def _check_packed(self, shapes, version, packed):
-        return self._check(version, unpack_crcs(packed, shapes))
-
-    def _commit_packed(self, old_shapes, new_shapes, version, old_packed, new_packed, tokens):
-        old = unpack_crcs(old_packed, old_shapes)
-        return self._commit(version, old, unpack_crcs(new_packed, new_shapes), tokens)
-
-    def _check(self, version, crcs):
-        store = self.store
-        if store is None or store.closed:
-            raise record(PageStoreError(f"page store {self.root} was closed during the update"))
-        if store.commit_failed() is not None:  # the last step's background commit
-            store.wait_committed()  # raises its error
-        reason = stale_reason(store, version, crcs)
-        if reason is not None:
-            raise record(PageStoreError(reason))
-        return np.zeros((), np.int32)
-
-    def _commit(self, version, old_crcs, crcs, tokens):
-        del tokens  # only a dependency: every write of the step has completed
-        self._check(version, old_crcs)  # no other step committed since this one started
-        store = self.store
-        names = list(store.entries)
-        new = store.commit(
-            {n: np.asarray(c, np.uint32).reshape(-1) for n, c in zip(names, crcs, strict=True)},
-            background=True,  # durable behind the next step (see commit_gate)
-        )
-        return np.asarray(new, np.int32)
-
-
-def wait_for_steps() -> None:
-    """Waits until every computation in flight in this process has run: it blocks on every
-    live JAX array (an array the user holds is an output of the step that computes it). A
-    failed step's error stays that step's: here it is ignored."""
-    for x in jax.live_arrays():
-        if not x.is_deleted():
-            try:
-                x.block_until_ready()
-            except Exception:  # noqa: BLE001, S110 - reported where the step's outputs are used
-                pass
-
-
-def crc_shapes(crcs) -> tuple[tuple[int, ...], ...]:
-    """The shapes `unpack_crcs` needs to split what `pack_crcs` packed from ``crcs``."""
-    return tuple(tuple(c.shape) for c in crcs)
-
-
-def pack_crcs(crcs) -> jax.Array:
-    """Every chunk checksum of a state as one operand of a host call. A state holds one
-    checksum array per store entry; a host call has one operand per array (and on a GPU,
-    ``io_callback`` moves each to the host in a dispatch of its own): packed, a step's calls
-    take two operands instead of two per entry (`unpack_crcs` splits them again)."""
-    return jnp.concatenate([jnp.ravel(c).astype(jnp.uint32) for c in crcs])
-
-
-def unpack_crcs(packed, shapes) -> list[np.ndarray]:
-    """The per-entry checksum arrays `pack_crcs` packed, with their ``shapes``."""
-    flat = np.asarray(packed, np.uint32)
-    sizes = [math.prod(s) for s in shapes]
-    if flat.size != sum(sizes):
-        raise ValueError(f"{flat.size} packed checksums for shapes holding {sum(sizes)}")
-    parts = np.split(flat, np.cumsum(sizes)[:-1]) if shapes else []
-    return [x.reshape(s) for x, s in zip(parts, shapes, strict=True)]
+    def _compute(self, *args):
+        """`_update.compute_chunk` (one chunk's update) of this optimizer."""
+        return compute_chunk(self, *args)
 
 
 def _check_chunk_bytes(chunk_bytes) -> int:
@@ -614,87 +427,6 @@ def _check_chunk_bytes(chunk_bytes) -> int:
         ) from None
 
 
-def commit_gate(
-    store_of, root, token: jax.Array, after: jax.Array, *, calls: HostCalls | None = None
-) -> jax.Array:
-    """A token that follows a host call waiting for the background commit of the store
-    ``store_of()`` returns (the page store at ``root``) to be durable, and raising its error
-    (or one saying the store was closed); it runs after ``token`` and once ``after`` (one
-    element of it) exists. Every write of a step follows it: a write must not overwrite the
-    slot of the last durable version. ``calls``: the owner's host-call names (by default a
-    new owner's; see `jaxoff.aio.host_call`)."""
-
-    def gate(token, after):
-        del token, after  # only dependencies
-        store = store_of()
-        if store is None or store.closed:
-            raise record(PageStoreError(f"page store {root} was closed during the step"))
-        store.wait_committed()
-        return np.zeros((), np.int32)
-
-    calls = calls if calls is not None else HostCalls("jaxoff.commit_gate")
-    return host_call(
-        gate,
-        jax.ShapeDtypeStruct((), jnp.int32),
-        token,
-        jnp.ravel(after)[:1],
-        name=calls.name("gate"),
-    )
-
-
-_FAULT_CALLS = HostCalls("jaxoff.fault")
-
-
-def _write_fault_point(tok: jax.Array) -> jax.Array:
-    """Fault point ``store.write`` as a host callback between the first leaf's page writes and
-    the next leaf's (and the commit): the writes happen inside FFI calls of the jitted step,
-    so a callback ordered by the paging token is the one Python-level place between chunk
-    writes of a step. Only traced when ``JAXOFF_FAULT`` arms it: a plain step has none."""
-
-    def visit(t):
-        del t
-        _faults.point("store.write")
-        return np.zeros((), np.int32)
-
-    return host_call(
-        visit, jax.ShapeDtypeStruct((), jnp.int32), tok, name=_FAULT_CALLS.name("write")
-    )
-
-
-def stale_reason(store: PageStore, version, crcs) -> str | None:
-    """Why a state (``version``, per-entry ``crcs``) cannot be read from ``store``, or None.
-
-    A state is current when its chunk checksums are those of the store's committed version
-    and its version reads the slot that holds it. The numbers need not be equal: a
-    checkpoint restored into a store (`restore_paged`, `PagedRestore`) becomes a later
-    version of that store with the same contents.
-    """
-    version = int(np.asarray(version))
-    names = list(store.entries)
-    if len(crcs) != len(names):
-        return (
-            f"the optimizer state has {len(crcs)} store entries, page store {store.root} "
-            f"{len(names)}: the state belongs to another model or optimizer"
-        )
-    differ = [
-        n
-        for n, c in zip(names, crcs, strict=True)
-        if [int(x) for x in np.asarray(c).reshape(-1)] != store.crcs(n)
-    ]
-    parity = store.layout.slots == 1 or version % 2 == store.version % 2
-    if not differ and parity:
-        return None
-    return (
-        f"the optimizer state describes version {version} of page store {store.root}, but the "
-        f"store holds version {store.version} and its contents differ "
-        f"({len(differ)} of {len(names)} entries, e.g. {(differ or names)[0]!r}): the state is "
-        "stale. It was probably saved or restored without its page store contents (e.g. by "
-        "orbax StandardSave/StandardRestore alone) after the store moved on. Checkpoint a "
-        "paged state with jaxoff.optim.PagedSave / PagedRestore (orbax CheckpointManager) or "
-        "jaxoff.optim.save_paged / restore_paged, or start again from tx.init(params)"
-    )
-
-
 def _refuse_placeholder(params) -> None:
     is_placeholder = lambda x: type(x).__name__ == "_ParamsPlaceholder"  # noqa: E731
     if any(map(is_placeholder, jax.tree.leaves(params, is_leaf=is_placeholder))):
@@ -705,116 +437,3 @@ def _refuse_placeholder(params) -> None:
             "parameter-shaped to map. Map the RAM leaves with jax.tree.map, read the paged "
             "tensors with tx.store.read(name), or shard with the store per process"
         )
-
-
-def _one_trip(fn, carry, *args, **kwargs):
-    """``fn(carry, *args, **kwargs)`` (a tuple, carry first), run as the body of a one-trip loop.
-
-    XLA:CPU removes optimization barriers before fusion, so a barrier does not keep the
-    last ops of a leaf's gradient (clipping's ``g / norm * max_norm``, a sum of gradient
-    contributions, ...) out of the fused chunk updates; fused, they change how LLVM contracts
-    the update's multiply-adds to FMA, hence its last bit (and only in the chunks outside the
-    pipeline's scan, which reads the gradient as a loop operand). A loop's operands are
-    materialised buffers: every chunk reads the gradient from memory, as plain optax reads
-    a jitted update's argument. The body's paging calls have side effects, so XLA keeps the
-    loop although it runs once.
-    """
-
-    def body(c, _):
-        c, *rest = fn(c, *args, **kwargs)
-        return c, tuple(rest)
-
-    carry, rest = lax.scan(body, carry, None, length=1)
-    return (carry, *(jax.tree.map(lambda x: x[0], r) for r in rest))
-
-
-def _slice_bits(flat: jax.Array, start, n: int) -> jax.Array:
-    """``flat[start:start + n]``, sliced as raw bits for 16-bit floats.
-
-    XLA's CPU backend upcasts bfloat16 ops to float32; a bfloat16 slice inside the chunk
-    loop becomes a slice of the whole leaf converted to float32, which loop-invariant code
-    motion then hoists out of the loop: a float32 copy of every gradient leaf at once.
-    Slicing the bits as uint16 keeps the loop's temporaries at chunk size.
-    """
-    if flat.dtype.itemsize != 2 or not jnp.issubdtype(flat.dtype, jnp.floating):
-        return lax.dynamic_slice(flat, (start,), (n,))
-    bits = lax.bitcast_convert_type(flat, jnp.uint16)
-    return lax.bitcast_convert_type(lax.dynamic_slice(bits, (start,), (n,)), flat.dtype)
-
-
-def exact_delta(new: jax.Array, old: jax.Array) -> jax.Array:
-    """float32 ``u`` with ``old + u == new`` exactly (in float32) wherever one exists.
-
-    ``new - old`` is exact when the two are within a factor of two (Sterbenz); otherwise it
-    can be one ulp off, which a nudge towards the target repairs.
-    """
-    new, old = new.astype(jnp.float32), old.astype(jnp.float32)
-    u = new - old
-    for _ in range(2):
-        # The barrier keeps XLA from simplifying old + (new - old) to new.
-        r = old + lax.optimization_barrier(u)
-        u = jnp.where(r == new, u, jnp.nextafter(u, jnp.where(new > r, jnp.inf, -jnp.inf)))
-    return u
-
-
-def encode(offsets) -> np.ndarray:
-    from jaxoff.aio._ffi_calls import encode_offsets
-
-    return encode_offsets(np.asarray(offsets, np.int64)).reshape(-1, 2)
-
-
-def entry_ios(store: PageStore, storages=None) -> list[EntryIO]:
-    """Per entry of ``store`` (in store order): its chunks' file ids per slot and encoded
-    offsets, for the paging calls; ``storages``: per entry, the dtype on disk (default: the
-    store's)."""
-    if storages is None:
-        storages = [e.dtype for e in store.entries.values()]
-    tabs = [store.chunk_table(s) for s in ("A", "B")]
-    out = []
-    for ei, storage in enumerate(storages):
-        rows = tabs[0]["entry"] == ei
-        fids = np.stack([t["file_id"][t["entry"] == ei] for t in tabs]).astype(np.int32)
-        out.append(EntryIO(fids, encode(tabs[0]["offset"][rows]), np.dtype(storage)))
-    return out
-
-
-def _write_chunk(store: PageStore, name: str, i: int, x: np.ndarray) -> int:
-    x = np.ascontiguousarray(x)
-    store.write_chunk(name, i, x)
-    return crc32c.crc32c(x.view(np.uint8).reshape(-1))
-
-
-def ram_bytes(plan: Plan, leaves) -> jax.Array:
-    """The RAM leaves as raw bytes (uint8[plan.ram_nbytes]), as stored in entry ``ram``."""
-    parts = []
-    for x in leaves:
-        x = jnp.asarray(x)
-        if x.dtype == jnp.bool_:
-            x = x.astype(jnp.uint8)
-        parts.append(lax.bitcast_convert_type(x, jnp.uint8).reshape(-1))
-    raw = jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.uint8)
-    return jnp.pad(raw, (0, plan.ram_nbytes - raw.shape[0]))
-
-
-def ram_bytes_np(plan: Plan, leaves) -> np.ndarray:
-    """`ram_bytes` in numpy, for concrete leaves (outside a trace)."""
-    parts = []
-    for x in leaves:
-        x = np.asarray(x)
-        x = x.astype(np.uint8) if x.dtype == np.bool_ else x
-        parts.append(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
-    raw = np.concatenate(parts) if parts else np.zeros((0,), np.uint8)
-    return np.pad(raw, (0, plan.ram_nbytes - raw.shape[0]))
-
-
-def ram_from_bytes(plan: Plan, raw: np.ndarray) -> list[np.ndarray]:
-    out, pos = [], 0
-    for a in plan.ram_avals:
-        dt = np.dtype(a.dtype)
-        width = 1 if dt == np.bool_ else dt.itemsize
-        n = int(np.prod(a.shape)) * width
-        chunk = raw[pos : pos + n]
-        x = chunk.view(np.uint8).astype(np.bool_) if dt == np.bool_ else chunk.view(dt)
-        out.append(x.reshape(a.shape))
-        pos += n
-    return out
