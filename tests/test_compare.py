@@ -118,8 +118,8 @@ def test_segment_flops_match_unrolled_count():
     exact = _flops(compile_step(with_stack(cfg, scan_unroll=cfg.num_layers), B, T)[0])
     corrected = step_flops(cfg, B, T)
     assert abs(corrected - exact) <= 1e-3 * exact, (corrected, exact)
-    # tiny is far too shallow for segments to pay: sqrt resolves to per-block remat, as full
-    sqrt = model_config("tiny", "sqrt")
+    # tiny is far too shallow for segments to pay: sqrt_bytes resolves to per-block remat
+    sqrt = model_config("tiny", "sqrt_bytes")
     assert sqrt.stack.remat_every == "auto"
     assert step_flops(sqrt, B, T) == step_flops(model_config("tiny", "full"), B, T)
 
@@ -127,7 +127,7 @@ def test_segment_flops_match_unrolled_count():
 def test_compare_reports_the_segment_size_that_runs():
     from jaxoff.compare._measure import measure_policy
 
-    row = measure_policy("tiny", "sqrt", B, T, steps=1, warmup=0)
+    row = measure_policy("tiny", "sqrt_bytes", B, T, steps=1, warmup=0)
     assert row["remat_every"] == 1  # "auto" resolved at this shape: per-block remat
     seg = row["segments"]
     assert seg["size"] == 1 and seg["pays_from_layers"] > CONFIGS["tiny"].num_layers

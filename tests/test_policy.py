@@ -161,15 +161,22 @@ def test_policy_is_complete_and_frozen():
 
 
 def test_sqrt_segments(tmp_path):
-    """sqrt sizes its segments when the stack is traced (tests/test_sqrt.py); a policy that
-    keeps or offloads a name cannot have segments, which keep only their inputs."""
-    cfg = apply_policy(CONFIGS["small"], "sqrt")
+    """sqrt_bytes sizes its segments when the stack is traced, sqrt takes round(sqrt(L))
+    (tests/test_sqrt.py); a policy that keeps or offloads a name cannot have segments, which
+    keep only their inputs."""
+    cfg = apply_policy(CONFIGS["small"], "sqrt_bytes")
     assert cfg.stack.remat_every == "auto" and cfg.stack.policy is cp.nothing_saveable
     assert apply_policy(cfg, "selective").stack.remat_every == 1  # resets the segments
     assert apply_policy(cfg, "everything_saveable").stack.remat_every == 1
-    assert PRESETS["sqrt"].policy.segments is Segments.SQRT
-    assert PRESETS["sqrt"].policy.segment_size() == "auto"
+    assert PRESETS["sqrt_bytes"].policy.segments is Segments.BYTES
+    assert PRESETS["sqrt_bytes"].policy.segment_size() == "auto"
     assert PRESETS["full"].policy.segment_size() == 1
+    chen = apply_policy(CONFIGS["small"], "sqrt")  # 12 layers
+    assert chen.stack.remat_every == 3 and chen.stack.policy is cp.nothing_saveable
+    assert PRESETS["sqrt"].policy.segments is Segments.SQRT
+    assert PRESETS["sqrt"].policy.segment_size(64) == 8
+    with pytest.raises(ValueError, match="pass num_layers"):
+        PRESETS["sqrt"].policy.segment_size()
     with pytest.raises(
         ConfigError, match="segments = 'sqrt' .* cannot also keep or offload mlp_act"
     ):

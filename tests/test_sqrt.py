@@ -1,4 +1,5 @@
-"""sqrt is Chen et al.'s algorithm: one extra forward, segments sized from the block's bytes.
+"""sqrt is Chen et al.'s algorithm: one extra forward, segments of round(sqrt(L)) blocks;
+sqrt_bytes sizes the segments from the block's bytes instead.
 
 Every test runs the blocks of a narrow GPT (d_model 32, 2 heads, batch 4, sequence 32) as a
 stack alone, ``grad`` of ``sum(stack(x) ** 2)`` with respect to the parameters and ``x``: the
@@ -27,7 +28,8 @@ from jaxoff.plan._jaxpr import jaxpr_flops
 B, T, D, H = 4, 32, 32, 2
 F = 4 * D
 FULL = Stack(policy="nothing_saveable")
-SQRT = Stack(policy="nothing_saveable", remat_every="auto")  # what apply_policy(cfg, "sqrt") sets
+# what apply_policy(cfg, "sqrt_bytes") sets: segments sized from the traced block's bytes
+SQRT = Stack(policy="nothing_saveable", remat_every="auto")
 
 
 def _config(layers: int) -> GPTConfig:
@@ -174,15 +176,15 @@ def test_segments_refuse_a_policy_that_is_not_nothing_saveable(policy):
         Stack(policy="nothing_saveable", remat_every="sqrt")
 
 
-def test_the_shipped_deep_model_runs_sqrt_in_segments_of_two():
-    """``jaxoff compare --model deep --policies full,sqrt`` is where compare shows sqrt beating
-    full (docs/guide/policies.md): at its default batch 8 x 128, apply_policy's "auto" resolves to
-    segments of 2, and a shipped shape such as tiny's stays at 1 (the same program as full)."""
+def test_the_shipped_deep_model_runs_sqrt_bytes_in_segments_of_two():
+    """``jaxoff compare --model deep --policies full,sqrt_bytes``: at its default batch 8 x 128,
+    apply_policy's "auto" resolves to segments of 2, and a shipped shape such as tiny's stays
+    at 1 (the same program as full)."""
     from jaxoff.models.gpt import CONFIGS
     from jaxoff.policy import apply_policy
 
     def traced_sizes(name: str) -> tuple[int, ...]:
-        cfg = apply_policy(CONFIGS[name], "sqrt")
+        cfg = apply_policy(CONFIGS[name], "sqrt_bytes")
         model = nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0)))
         graphdef, state = nnx.split(model)
         tokens = jax.ShapeDtypeStruct((8, 128), jnp.int32)
@@ -196,3 +198,40 @@ def test_the_shipped_deep_model_runs_sqrt_in_segments_of_two():
 
     assert traced_sizes("deep") == (2,)
     assert traced_sizes("tiny") == (1,)
+
+
+CHEN_DEPTHS = (9, 16, 25, 36, 49, 64)
+
+
+def test_sqrt_preset_is_chens_square_root_of_the_depth():
+    """``--policy sqrt`` sets segments of round(sqrt(L)) blocks, whatever the block's bytes
+    (it picked 1 block, full's program, at every depth up to 64 before)."""
+    from jaxoff.models.gpt import CONFIGS
+    from jaxoff.nn._segments import sqrt_segment_size
+    from jaxoff.policy import apply_policy
+
+    for layers in CHEN_DEPTHS:
+        cfg = apply_policy(_config(layers), "sqrt")
+        assert cfg.stack.remat_every == sqrt_segment_size(layers) == math.isqrt(layers)
+    assert apply_policy(CONFIGS["small"], "sqrt").stack.remat_every == 3  # 12 layers
+    assert apply_policy(CONFIGS["deep"], "sqrt").stack.remat_every == 11  # 128 layers
+    assert apply_policy(CONFIGS["small"], "sqrt_bytes").stack.remat_every == "auto"
+
+
+@pytest.mark.slow
+def test_sqrt_memory_grows_as_the_square_root_over_9_to_64_layers():
+    """Chen's claim at the depths people train: the slope of log(activation memory) on
+    log(depth) over 9..64 layers is within 0.4-0.6 for sqrt. Its traced gradient FLOPs over
+    full's: -1.7% at 9 layers (the last segment is not recomputed) to +3.8% at 64 (a
+    segment's recomputation runs each inner block's last matmul, which full's per-block
+    remat skips: backward needs only its input); the same on the whole GPT."""
+    from jaxoff.nn._segments import sqrt_segment_size
+
+    memory, flops = [], []
+    for layers in CHEN_DEPTHS:
+        stack = Stack(policy="nothing_saveable", remat_every=sqrt_segment_size(layers))
+        memory.append(_temp_bytes(layers, stack)[0])
+        flops.append(_grad_flops(layers, stack) / _grad_flops(layers, FULL))
+    assert 0.4 <= _exponent(CHEN_DEPTHS, memory) <= 0.6, memory
+    assert max(flops) <= 1.04, flops
+    assert flops == sorted(flops), flops  # the overhead grows with k = sqrt(L)

@@ -22,6 +22,20 @@ AUTO = "auto"
 (:meth:`SegmentPlan.choose`)."""
 
 
+def sqrt_segment_size(num_layers: int) -> int:
+    """Chen et al.'s (2016) segment size for ``num_layers`` blocks: ``round(sqrt(L))`` (at
+    least 1), so that ``L / k`` kept boundaries and one segment's ``k`` interiors both grow
+    as ``sqrt(L)``, whatever the block's bytes (the ``sqrt`` policy preset; ``sqrt_bytes``
+    sizes them by the bytes instead, :meth:`SegmentPlan.choose`).
+
+    >>> [sqrt_segment_size(n) for n in (1, 2, 9, 12, 64, 128)]
+    [1, 1, 3, 3, 8, 11]
+    """
+    if num_layers < 1:
+        raise ValueError(f"a stack has at least 1 block, got {num_layers}")
+    return max(1, round(math.sqrt(num_layers)))
+
+
 @dataclasses.dataclass(frozen=True)
 class SegmentPlan:
     """Chen et al.'s segment size for one stack, from the bytes of its traced block.

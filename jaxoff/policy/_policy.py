@@ -38,12 +38,15 @@ class Untagged(enum.Enum):
 
 
 class Segments(enum.Enum):
-    """The unit of remat: one block, or Chen et al.'s (2016) segments of blocks, sized when
-    the stack is traced from the block's bytes (``jaxoff.nn.SegmentPlan``: ~sqrt(L) blocks
-    when a block's interior is the size of its input, fewer when it is larger)."""
+    """The unit of remat: one block; Chen et al.'s (2016) segments of ``round(sqrt(L))``
+    blocks (``SQRT``, ``jaxoff.nn._segments.sqrt_segment_size``); or segments sized when the
+    stack is traced from the block's bytes (``BYTES``, ``jaxoff.nn.SegmentPlan``: ~sqrt(L)
+    blocks when a block's interior is the size of its input, fewer when it is larger, often
+    1)."""
 
     LAYER = "layer"
     SQRT = "sqrt"
+    BYTES = "bytes"
 
 
 # Table, not a ladder: the JAX policy each Untagged value adds to the names policy.
@@ -121,11 +124,11 @@ class Policy:
         if bad:
             raise ConfigError(f"policy actions must be (name, jaxoff.policy.Action) pairs: {bad}")
         kept = [n for n, a in self.actions if a is not Action.REMAT]
-        segmented = self.remat and self.segments is Segments.SQRT
+        segmented = self.remat and self.segments is not Segments.LAYER
         if segmented and (kept or self.untagged is not Untagged.RECOMPUTE):
             raise ConfigError(
-                f"segments = 'sqrt' keeps only each segment's input and recomputes everything "
-                f"inside it, so it cannot also keep or offload "
+                f"segments = {self.segments.value!r} keeps only each segment's input and "
+                f"recomputes everything inside it, so it cannot also keep or offload "
                 f"{', '.join(kept) if kept else f'untagged values ({self.untagged.value})'}: "
                 f"drop those (every name remat, untagged = 'recompute'), or use "
                 f"segments = 'layer' to keep them"
@@ -273,12 +276,21 @@ class Policy:
         """The ``jax.checkpoint_policies`` policy of this Policy (``None``: no remat)."""
         return to_jax_policy(self)
 
-    def segment_size(self) -> int | str:
-        """``jaxoff.nn.Stack.remat_every`` of this policy: ``1`` (per-block remat, or no
-        remat), or ``"auto"`` for Chen segments sized when the stack is traced."""
-        from ..nn._segments import AUTO  # the stack's own spelling (imports flax: on use)
+    def segment_size(self, num_layers: int | None = None) -> int | str:
+        """``jaxoff.nn.Stack.remat_every`` of this policy over a stack of ``num_layers``
+        blocks: ``1`` (per-block remat, or no remat), ``round(sqrt(num_layers))`` for Chen's
+        segments (``SQRT``), or ``"auto"`` for segments sized when the stack is traced
+        (``BYTES``)."""
+        # the stack's own spellings (jaxoff.nn imports flax: on use)
+        from ..nn._segments import AUTO, sqrt_segment_size
 
-        return AUTO if self.remat and self.segments is Segments.SQRT else 1
+        if not self.remat or self.segments is Segments.LAYER:
+            return 1
+        if self.segments is Segments.BYTES:
+            return AUTO
+        if num_layers is None:
+            raise ValueError("sqrt segments are sized from the stack's depth: pass num_layers")
+        return sqrt_segment_size(num_layers)
 
     def describe(self) -> str:
         """Compact spelling that :meth:`parse` reads back (segments/untagged aside)."""

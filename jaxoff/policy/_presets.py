@@ -170,10 +170,18 @@ PRESETS: Mapping[str, Preset] = {
     "sqrt": Preset(
         rest=_REMAT,
         segments=Segments.SQRT,
-        doc="keep only every k-th layer boundary, k from the block's traced bytes (k = 1, "
-        "per-block like full, until depth makes segments pay); recompute each segment's "
-        "forward once in backward",
-        source="Chen et al. 2016, 'Training Deep Nets with Sublinear Memory Cost'",
+        doc="keep only every k-th layer boundary, k = round(sqrt(L)); recompute each "
+        "segment's forward once in backward: activation memory grows as sqrt(L)",
+        source="Chen et al. 2016, 'Training Deep Nets with Sublinear Memory Cost' (Sec. 4.1, "
+        "segments of sqrt(n) layers)",
+    ),
+    "sqrt_bytes": Preset(
+        rest=_REMAT,
+        segments=Segments.BYTES,
+        doc="sqrt's segments, k from the block's traced bytes: the k that minimises "
+        "ceil(L / k) boundaries plus k interiors (k = 1, per-block like full, until depth "
+        "makes segments pay)",
+        source="jaxoff: Chen et al. 2016's segments sized by jaxoff.nn.SegmentPlan",
     ),
 }
 """Name -> :class:`Preset`. ``jaxoff compare --policies`` and ``--policy`` accept these.

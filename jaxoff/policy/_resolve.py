@@ -96,8 +96,9 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
 
     A model that tags no names takes the policies that do not act through names: ``none``,
     ``full``, ``sqrt``, ``dots_saveable`` and the other argument-free
-    ``jax.checkpoint_policies`` names. ``sqrt`` sets ``remat_every="auto"``: the segment size
-    is chosen when the stack is traced, from the block's bytes at the traced batch and
+    ``jax.checkpoint_policies`` names. ``sqrt`` sets ``remat_every`` to Chen's
+    ``round(sqrt(num_layers))``; ``sqrt_bytes`` sets ``remat_every="auto"``: the segment
+    size is chosen when the stack is traced, from the block's bytes at the traced batch and
     sequence (``jaxoff.nn.SegmentPlan``); ``jaxoff.nn.recorded_segments`` tells which.
 
     Raises:
@@ -108,7 +109,9 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
     Example:
         >>> from jaxoff.policy import apply_policy
         >>> from jaxoff.models.gpt import CONFIGS
-        >>> apply_policy(CONFIGS["small"], "sqrt").stack.remat_every
+        >>> apply_policy(CONFIGS["small"], "sqrt").stack.remat_every  # 12 layers
+        3
+        >>> apply_policy(CONFIGS["small"], "sqrt_bytes").stack.remat_every
         'auto'
     """
     from ..nn import check_model, model_name, with_stack
@@ -126,7 +129,8 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
     if isinstance(spec, str) and spec.strip() in PRESETS and names:
         _note_missed_names(spec.strip(), model_name(model_cfg), names)
     try:
-        return with_stack(model_cfg, policy=policy.to_jax(), remat_every=policy.segment_size())
+        size = policy.segment_size(model_cfg.num_layers)
+        return with_stack(model_cfg, policy=policy.to_jax(), remat_every=size)
     except ValueError as e:  # the stack's own checks (e.g. segments with streaming)
         raise ConfigError(f"policy {spec!r} on model {model_name(model_cfg)!r}: {e}") from None
 
