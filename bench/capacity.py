@@ -375,7 +375,8 @@ def run_probe(
     elif mode == "fuyou":
         from jaxoff.optim import paged
         from jaxoff.step import TrainState
-        from jaxoff.strategies._fuyou import _layout, blocks_to_bits, fuyou_init, make_fuyou_step
+        from jaxoff.strategies.fuyou import blocks_to_bits, fuyou_init, make_fuyou_step
+        from jaxoff.strategies.fuyou._layout import _layout
 
         tx = paged(optax.adamw(lr), store_dir, slots=slots)
         opt = fuyou_init(cfg, tx, params, read_ahead_bytes=read_ahead)
@@ -391,7 +392,7 @@ def run_probe(
     elif mode == "fuyou-nvme":
         from jaxoff.optim import paged
         from jaxoff.step import TrainState
-        from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, make_fuyou_step
+        from jaxoff.strategies.fuyou import fuyou_init, fuyou_resident, make_fuyou_step
 
         tx = paged(optax.adamw(lr), store_dir, slots=slots)
         opt = fuyou_init(cfg, tx, params, page_params=True, read_ahead_bytes=read_ahead)
@@ -446,7 +447,7 @@ def run_probe(
     losses, times, cpu = [], [], []
     table = None
     if mode in ("fuyou", "fuyou-nvme"):
-        from jaxoff.strategies._fuyou import fuyou_table
+        from jaxoff.strategies.fuyou import fuyou_table
 
         table = fuyou_table(tx)
         rec["engine"] = []  # a step's engine counters (seconds, bytes), one dict a step

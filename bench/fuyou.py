@@ -68,7 +68,7 @@ from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import fused_adamw, paged
 from jaxoff.step import TrainState, make_train_step
-from jaxoff.strategies._fuyou import fuyou_init, fuyou_resident, fuyou_table, make_fuyou_step
+from jaxoff.strategies.fuyou import fuyou_init, fuyou_resident, fuyou_table, make_fuyou_step
 
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}

@@ -16,9 +16,8 @@ from jaxoff.aio import PageStoreError
 from jaxoff.nn import load_model, with_stack
 from jaxoff.optim import paged
 from jaxoff.step import TrainState, make_train_step
-from jaxoff.strategies import _fuyou as fuyou_module
-from jaxoff.strategies._fuyou import (
-    _layout,
+from jaxoff.strategies import fuyou as fuyou_module
+from jaxoff.strategies.fuyou import (
     blocks_from_bits,
     blocks_to_bits,
     fuyou_init,
@@ -26,6 +25,7 @@ from jaxoff.strategies._fuyou import (
     fuyou_resident,
     make_fuyou_step,
 )
+from jaxoff.strategies.fuyou._layout import _layout
 
 LR = optax.warmup_cosine_decay_schedule(0.0, 3e-2, 3, 30, end_value=3e-3)
 CHUNK = 1 << 14
@@ -290,16 +290,21 @@ def test_float32_blocks_are_updated_in_place(tmp_path):
 def test_builds_on_the_public_chunk_update_api_only():
     # Fuyou is a strategy: it composes jaxoff.optim's public API, never its private modules
     import ast
+    import importlib
     import inspect
+    import pkgutil
 
-    from jaxoff.strategies import _fuyou
+    from jaxoff.strategies import fuyou
 
     private = []
-    for node in ast.walk(ast.parse(inspect.getsource(_fuyou))):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxoff.optim"):
-            if node.module.startswith("jaxoff.optim._"):
-                private.append(node.module)
-            private += [a.name for a in node.names if a.name.startswith("_")]
+    names = [m.name for m in pkgutil.iter_modules(fuyou.__path__)]
+    assert {"_layout", "_step", "_checkpoint", "_bits", "_params"} <= set(names)
+    for module in [fuyou, *(importlib.import_module(f"{fuyou.__name__}.{n}") for n in names)]:
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxoff.optim"):
+                if node.module.startswith("jaxoff.optim._"):
+                    private.append(node.module)
+                private += [a.name for a in node.names if a.name.startswith("_")]
     assert private == []
 
 
@@ -602,3 +607,32 @@ def test_closing_the_optimizer_releases_the_store_files(tmp_path):
     del step, state  # the compiled step uses the table until it is freed
     gc.collect()
     assert open_fds() <= before + 2, "the store's page files are still open"
+
+
+@pytest.mark.parametrize("page_params", [False, True])
+def test_a_stale_state_is_refused_as_stale(tmp_path, page_params):
+    """Fuyou checks its state with the plain paged step's commit protocol
+    (``jaxoff.optim.StepCommit``): a state whose checksums are not the store's committed
+    version's (here: a copy kept from an earlier step, after the store moved on) is refused
+    by the step before it reads, saying it is stale, and by fuyou_save (as
+    ``test_dropin_flax``'s test of the plain step)."""
+    from jaxoff.strategies.fuyou import fuyou_save
+
+    cfg = config("float32")
+    if page_params:
+        tx, state, step = paged_params_run(cfg, tmp_path / "s")
+    else:
+        tx, state, step = fuyou_run(cfg, tmp_path / "s")
+    state, _ = step(state, *batch(0))
+    old = jax.device_get(state)  # a copy: the step donates its input
+    state, _ = step(state, *batch(1))
+    jax.block_until_ready(state)
+    with pytest.raises(Exception, match="the state is stale.*fuyou_save / fuyou_restore"):
+        jax.block_until_ready(step(jax.device_put(old), *batch(1)))
+    with pytest.raises(PageStoreError, match="fuyou_save: .*the state is stale"):
+        fuyou_save(tx, old.opt_state, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+    # the current state still steps and saves
+    state, _ = step(state, *batch(2))
+    assert fuyou_save(tx, state.opt_state, tmp_path / "ckpt") > 0
+    tx.close()

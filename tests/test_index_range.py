@@ -16,7 +16,7 @@ import pytest
 
 from jaxoff.aio import PageStore, new_token
 from jaxoff.optim import NotElementwiseError, chunk_updater, paged
-from jaxoff.strategies import _fuyou
+from jaxoff.strategies.fuyou import _layout as _fuyou
 
 CHUNK = 1 << 20  # 262144 float32 elements
 LIMIT = 2**31 - CHUNK // 4

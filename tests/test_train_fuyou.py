@@ -14,8 +14,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxoff.strategies import _fuyou
-from jaxoff.strategies._fuyou import default_read_ahead_bytes
+from jaxoff.strategies.fuyou import _layout as _fuyou
+from jaxoff.strategies.fuyou import default_read_ahead_bytes
 from jaxoff.train import TrainConfig, train
 
 # each block recomputed in backward, as Fuyou's step does: the reference's arithmetic is then

@@ -11,7 +11,7 @@ holds the rest. The parameter entries are versioned with the optimizer state: on
 step makes both the next version (``slots=2``), or both are updated in place (``slots=1``).
 
 This module holds the parameter entries' layout and their per-layer reads and writes; the
-step is `jaxoff.strategies._fuyou.make_fuyou_step`.
+step is `jaxoff.strategies.fuyou.make_fuyou_step`.
 """
 
 from __future__ import annotations

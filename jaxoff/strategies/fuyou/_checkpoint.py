@@ -1,0 +1,207 @@
+"""Fuyou's state in and out of the store: `fuyou_init`, `fuyou_save`, `fuyou_restore`, and
+the parameters of a ``page_params`` store (`fuyou_resident`, `fuyou_params`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxoff._errors import ConfigError
+from jaxoff.aio import (
+    PageStoreError,
+)
+from jaxoff.optim import (
+    RAM_ENTRY,
+    copy_in,
+    copy_out,
+    ram_bytes_np,
+    ram_from_bytes,
+    write_chunk,
+)
+
+from . import _params as fp
+from ._layout import (
+    FuyouState,
+    _abstract_params,
+    _check_model,
+    _is_block_path,
+    _laid_out,
+    _layer_chunks,
+    _Layout,
+    _layout,
+    _layouts,
+    _updater,
+)
+
+
+def fuyou_init(
+    model_cfg, tx, params, *, page_params: bool = False, read_ahead_bytes: int | None = None
+) -> FuyouState:
+    """Writes the initial optimizer state of ``params`` to ``tx``'s store (version 1).
+
+    Args:
+      model_cfg: the model's ``GPTConfig``.
+      tx: ``jaxoff.optim.paged(inner, store_dir, chunk_bytes=...)``, with no global operations.
+      params: the model's ``nnx.Param`` state (concrete arrays). A stacked block leaf is read
+        one layer at a time (``leaf[j]``, every leaf of layer ``j`` before layer ``j + 1``),
+        so it may also be any object with ``shape``, ``dtype`` and ``__getitem__(layer)``
+        that makes a layer when asked, as :func:`jaxoff.nn.layerwise_params` gives: a model
+        larger than memory is then never whole in it (with ``page_params``).
+      page_params: write the stacked block parameters to the store too, for
+        ``make_fuyou_step(..., page_params=True)``; the training state then holds
+        `fuyou_resident` ``(params)`` instead of ``params``.
+      read_ahead_bytes: optimizer state read ahead of each layer's update, while the layer
+        above it is differentiated (default `default_read_ahead_bytes`: 128 MiB or 1/32 of
+        RAM, the larger): the whole layer when its state fits, else the leading chunks of
+        each of its tensors (the rest is read by the update, after the layer's matmuls, not
+        hidden). Staging may hold four times this (two layers in flight, each read counted
+        twice); lower it to bound memory, 0 reads each tensor's first chunk only. Fixed
+        while the store is open: a different value for the same ``tx`` raises
+        `ConfigError` (None keeps the one it was opened with).
+
+    Returns:
+      the `FuyouState` to put in ``TrainState.opt_state``.
+    """
+    _check_model(model_cfg)
+    updater = _updater(tx)
+    lay = _layout(tx, params, page_params, read_ahead_bytes)
+    plan, store = lay.plan, lay.store
+    with jax.ensure_compile_time_eval():
+        ram = [np.asarray(x) for x in updater.ram_init(plan)]
+    crcs: dict[str, list[int]] = {}
+    paged_leaves = {e.leaf: e for e in lay.params}
+    inits = [
+        jax.jit(functools.partial(updater.chunk_init, plan, leaf.index)) for leaf in plan.leaves
+    ]
+    leaves = plan.params_def.flatten_up_to(params)
+
+    def write(leaf, x, suffix: str) -> None:
+        """Writes one leaf (one layer of a block leaf) and its optimizer state."""
+        flat = np.asarray(x).reshape(-1)
+        n_full, tail = _layer_chunks(lay, leaf)
+        for c in range(n_full + (1 if tail else 0)):
+            pc = flat[c * leaf.chunk_elems :][: leaf.chunk_elems]
+            if leaf.master:
+                pc = pc.astype(updater.master_dtype)
+            chunks = [np.asarray(y) for y in inits[leaf.index](pc)]
+            if leaf.master:
+                chunks = [pc, *chunks]
+            for k, y in zip(leaf.entries, chunks, strict=True):
+                e = plan.entries[k]
+                name = e.name + suffix
+                crcs.setdefault(name, []).append(write_chunk(store, name, c, y.astype(e.storage)))
+        pe = paged_leaves.get(leaf.index)
+        if pe is not None:
+            crcs[pe.name + suffix] = [
+                write_chunk(store, pe.name + suffix, c, flat[start : start + n].astype(pe.dtype))
+                for c, (start, n) in enumerate(pe.chunks)
+            ]
+
+    for leaf, p in zip(plan.leaves, leaves, strict=True):
+        if not lay.blocks[leaf.index]:
+            write(leaf, p, "")
+    # layer by layer (every leaf of layer j, then j + 1): one layer in memory at a time,
+    # and a layerwise model (jaxoff.nn.layerwise_params) makes each layer once
+    for j in range(lay.num_layers):
+        for leaf, p in zip(plan.leaves, leaves, strict=True):
+            if lay.blocks[leaf.index]:
+                write(leaf, p[j], f"@{j}")
+    crcs[RAM_ENTRY] = [write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
+    version = store.commit(crcs)
+    return _state(lay, version, crcs, ram)
+
+
+def _state(lay: _Layout, version: int, crcs: dict, ram) -> FuyouState:
+    """The `FuyouState` of store version ``version``: ``crcs`` per store entry name."""
+    out = []
+    for e in lay.plan.entries:
+        if lay.blocks[e.leaf]:
+            out.append(np.stack([crcs[f"{e.name}@{j}"] for j in range(lay.num_layers)]))
+        else:
+            out.append(np.asarray(crcs[e.name]))
+    out.append(np.asarray(crcs[RAM_ENTRY]))
+    pcrcs = [np.stack([crcs[f"{e.name}@{j}"] for j in range(lay.num_layers)]) for e in lay.params]
+    return FuyouState(
+        jnp.asarray(version, jnp.int32),
+        tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in out),
+        tuple(jnp.asarray(x) for x in ram),
+        tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in pcrcs),
+    )
+
+
+def fuyou_save(tx, opt_state: FuyouState, directory) -> int:
+    """Copies the store version ``opt_state`` describes (optimizer state and, with
+    ``page_params``, the block parameters) into the checkpoint directory ``directory``;
+    returns its bytes.
+
+    The copy is atomic and every chunk is verified on the way (``jaxoff.optim``'s
+    ``copy_out``, the format `fuyou_restore` and ``restore_paged`` read).
+
+    Raises:
+      PageStoreError: ``opt_state`` is not the store's committed version (a stale state).
+    """
+    lay = _laid_out(tx, "fuyou_save")
+    opt_state = jax.device_get(jax.block_until_ready(opt_state))
+    reason = lay.commits.stale(opt_state.version, [*opt_state.crcs, *opt_state.params])
+    if reason is not None:
+        raise PageStoreError(f"fuyou_save: {reason}; save the state the last step returned")
+    return copy_out(lay.store, directory)
+
+
+def fuyou_restore(
+    model_cfg,
+    tx,
+    directory,
+    *,
+    page_params: bool = False,
+    read_ahead_bytes: int | None = None,
+) -> FuyouState:
+    """Writes a checkpoint of `fuyou_save` into ``tx``'s store (any directory) as its next
+    version; returns the `FuyouState` that reads it (to use instead of `fuyou_init`).
+    ``page_params`` and ``read_ahead_bytes``: as for `fuyou_init`.
+
+    Every chunk is checked against the checkpoint's checksums before it is written.
+
+    Raises:
+      PageStoreCorruptError: a chunk of the checkpoint is damaged (use an older one).
+      PageStoreError: the checkpoint is incomplete, or holds another model's or another
+        ``page_params``' state.
+    """
+    _check_model(model_cfg)
+    lay = _layout(tx, _abstract_params(model_cfg), page_params, read_ahead_bytes)
+    want = {n: (e.shape, e.dtype) for n, e in lay.store.entries.items()}
+    crcs, _ = copy_in(lay.store, lay.plan, directory, want=want)
+    ram = ram_from_bytes(lay.plan, lay.store.read(RAM_ENTRY))
+    return _state(lay, lay.store.version, crcs, [np.asarray(x) for x in ram])
+
+
+def fuyou_resident(params):
+    """``params`` with each stacked block leaf replaced by an empty array: the training
+    state's parameters under ``page_params=True`` (the blocks are in the page store)."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    return jax.tree.unflatten(
+        treedef, [fp.placeholder(x) if _is_block_path(p) else x for p, x in flat]
+    )
+
+
+def fuyou_params(tx, params):
+    """``params`` (the state's, from a ``page_params`` step) with the stacked block leaves
+    read back from ``tx``'s store: the committed version, every chunk verified. For
+    evaluation or export; it holds the whole model in memory.
+    """
+    lay = _layouts.get(_updater(tx))
+    if lay is None or lay.store.closed or not lay.params:
+        raise ConfigError(
+            "fuyou_params reads the parameters of a page_params fuyou store: run fuyou_init("
+            "..., page_params=True) with this optimizer first"
+        )
+    leaves = lay.plan.params_def.flatten_up_to(params)
+    for e in lay.params:
+        leaves[e.leaf] = np.stack(
+            [lay.store.read(f"{e.name}@{j}").reshape(e.shape) for j in range(lay.num_layers)]
+        )
+    return jax.tree.unflatten(lay.plan.params_def, leaves)
