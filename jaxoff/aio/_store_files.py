@@ -227,7 +227,17 @@ def strangers(root: str | os.PathLike) -> list[str]:
     root = os.fspath(root)
     if not os.path.isdir(root) or is_store(root):
         return []
-    return sorted(n for n in os.listdir(root) if n not in _HOUSEKEEPING)
+    return sorted(
+        n
+        for n in os.listdir(root)
+        if n not in _HOUSEKEEPING and not _process_store(os.path.join(root, n))
+    )
+
+
+def _process_store(path: str) -> bool:
+    """A store of one process of a multi-process run (``<store>/process-<i>``)."""
+    name = os.path.basename(path)
+    return name.startswith("process-") and name[8:].isdigit() and is_store(path)
 
 
 def owned_files(root: str, layout: Layout | None = None) -> list[str] | None:

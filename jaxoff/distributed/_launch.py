@@ -253,9 +253,9 @@ def launch(spec: LaunchSpec, argv: list[str] | None = None) -> int:
 class Relay:
     """Copies the stderr of processes 1..N-1 to the launcher's, half a second late: when a
     process fails, what the others print from then on (a refused run's peers die on the
-    broken connection with an XLA fatal error and a C++ stack trace) is not shown, so that
-    the failing process's own line is the job's. A count of what was held back is said
-    once at the end."""
+    broken connection with an XLA fatal error and a C++ stack trace) is not shown, except
+    jaxoff's own lines (a peer's one-line error that names a file), so that the job says
+    what failed in a line or two. A count of what was held back is said once at the end."""
 
     HOLD_S = 0.5
 
@@ -291,8 +291,14 @@ class Relay:
             self._chunks = [c for c in self._chunks if c not in ready]
         for t, i, chunk in ready:
             if self._failed is not None and i != self._failed[0] and t >= self._failed[1]:
-                self.dropped[i] = self.dropped.get(i, 0) + chunk.count(b"\n")
-                continue
+                # jaxoff's own lines (a process's one-line error) are the job's; the rest is
+                # what the runtime prints as the process is cut off
+                lines = chunk.splitlines(keepends=True)
+                ours = [line for line in lines if line.startswith(b"jaxoff ")]
+                self.dropped[i] = self.dropped.get(i, 0) + len(lines) - len(ours)
+                chunk = b"".join(ours)
+                if not chunk:
+                    continue
             sys.stderr.flush()
             os.write(sys.stderr.fileno(), chunk)
 
@@ -300,8 +306,8 @@ class Relay:
         for t in self._threads:
             t.join(timeout=5)
         self.flush(everything=True)
-        if self.dropped and self._failed is not None:
-            who = ", ".join(map(str, sorted(self.dropped)))
+        if any(self.dropped.values()) and self._failed is not None:
+            who = ", ".join(str(i) for i, n in sorted(self.dropped.items()) if n)
             _say(
                 f"not shown: what process {who} printed as it was stopped after process "
                 f"{self._failed[0]} failed ({sum(self.dropped.values())} lines)"
