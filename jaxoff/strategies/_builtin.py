@@ -11,7 +11,7 @@ activations: offloaded residuals stay in device memory there (see ``docs/guide/p
 from __future__ import annotations
 
 from ._planners import capuchin_actions, checkmate_actions, dtr_actions, policy_spelling
-from ._recipe import Context, Recipe, StrategyUnavailable, register
+from ._recipe import Context, Recipe, register
 
 
 @register(
@@ -269,15 +269,8 @@ def fuyou(ctx: Context) -> Recipe:
     close the step comes to its bound: ``bench/fuyou.py``, docs/benchmarks.md). Not done: Fuyou's
     activation swapping to SSD (activations stay on the device: each block's input, the
     block recomputed) and its automatic choice of how much to swap. The step comes from
-    ``jaxoff.strategies._fuyou`` (``make_fuyou_step``, ``fuyou_init``; ``page_params=True``
+    ``jaxoff.strategies.fuyou`` (``make_fuyou_step``, ``fuyou_init``; ``page_params=True``
     also pages the block parameters, as ZeRO-Infinity does); gradient clipping is refused
     there (it needs every gradient before any update).
     """
-    try:
-        from . import _fuyou  # noqa: F401
-    except ImportError as e:
-        raise StrategyUnavailable(
-            f"jaxoff.strategies._fuyou cannot be imported ({e}); it provides the "
-            f"update-in-backward step"
-        ) from None
     return Recipe(policy="full", store=True, update_in_backward=True)

@@ -37,7 +37,7 @@ class Recipe:
             ``split_layers``); a field whose name ends in ``policy`` takes a ``jaxoff.policy``
             spelling (e.g. ``split_policy``).
         update_in_backward: the optimizer update runs inside the backward layer scan
-            (Fuyou); the step comes from ``jaxoff.strategies._fuyou``.
+            (Fuyou); the step comes from ``jaxoff.strategies.fuyou``.
         note: how the strategy chose (shown by ``jaxoff compare``).
 
     Example:
