@@ -75,19 +75,15 @@ def te_offload(ctx: Context) -> Recipe:
 def chen_sqrt(ctx: Context) -> Recipe:
     """Keep every k-th layer boundary; recompute each segment's forward once in backward.
 
-    Keeps: Chen et al.'s segments: only the boundaries between segments of k layers are kept,
-    a segment's forward is recomputed once in backward, so activation memory is
-    ``ceil(L / k)`` boundaries plus one segment's interior, and the cost one extra forward.
-    k minimises ``ceil(L / k) * boundary_bytes + k * interior_bytes``, per-block bytes
-    traced from the model (about ``sqrt(L * boundary_bytes / interior_bytes)``: sqrt L only
-    when a block's interior is the size of a boundary; k = 1, a segment per block as under
-    ``full``, when the interior outweighs the boundaries it would save, as on the GPT's
-    blocks at small depths); the last segment may be shorter. Differs: one k for
-    every segment, as XLA scans a reshaped stack of equal segments
-    (``jaxoff.nn.Stack.remat_every``), where the paper's planner places each boundary by
-    the layers' own sizes under a memory budget it searches; not done: the paper's
-    recursive variant (O(log L) memory for O(L log L) recomputation) and its in-place
-    memory sharing inside a segment.
+    Keeps: Chen et al.'s segments of k = round(sqrt(L)) layers: only the boundaries between
+    segments are kept, a segment's forward is recomputed once in backward, so activation
+    memory is ``ceil(L / k)`` boundaries plus one segment's interior (about sqrt(L)), and the
+    cost one extra forward; the last segment may be shorter. Differs: one k for every
+    segment, as XLA scans a reshaped stack of equal segments (``jaxoff.nn.Stack.remat_every``),
+    where the paper's planner places each boundary by the layers' own sizes under a memory
+    budget it searches (the ``sqrt_bytes`` policy preset chooses k from the traced block's
+    bytes instead); not done: the paper's recursive variant (O(log L) memory for
+    O(L log L) recomputation) and its in-place memory sharing inside a segment.
     """
     return Recipe(policy="sqrt")
 
