@@ -49,5 +49,5 @@ def describe_os_error(e: OSError) -> str:
     line = f"{where}: {what}" if where else what
     if name:
         line += f" ({name})"
-    advice = _OS_ADVICE.get(e.errno)
+    advice = _OS_ADVICE.get(e.errno) if e.errno is not None else None
     return f"{line}: {advice}" if advice else line

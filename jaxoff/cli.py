@@ -214,7 +214,7 @@ def _parse(command: Command, name: str, args: list[str], default: Any, debug: bo
     return config
 
 
-def _os_error(e: BaseException) -> OSError | None:
+def _os_error(e: BaseException | None) -> OSError | None:
     """The ``OSError`` behind ``e`` (itself, or what it was raised from), if any."""
     seen = set()
     while e is not None and id(e) not in seen:
@@ -247,6 +247,7 @@ def _run(name: str, command: Command, rest: list[str], debug: bool) -> int:
         )
     default = command.config_type()
     if config_path is not None:
+        assert command.load_file is not None  # refused above otherwise
         default = command.config_type(**command.load_file(config_path))
     config = _parse(command, name, rest, default, debug)
     if hasattr(config, "validate") and name != "train":

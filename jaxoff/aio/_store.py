@@ -208,7 +208,9 @@ class PageStore:
                 pass  # unreadable: nothing to clean up that we could name
         else:
             _refuse_strangers(root, layout)  # again, under the lock
-        crcs = {s: {e.name: [None] * len(e.chunks) for e in layout.entries} for s in SLOTS}
+        crcs: _manifest.Crcs = {
+            s: {e.name: [None] * len(e.chunks) for e in layout.entries} for s in SLOTS
+        }
         store = cls(root, layout, 0, crcs, lock)
         # the marker first, naming every file this store may leave (the old layout's too)
         old_files = owned_files(root, old_layout) or []
@@ -267,7 +269,7 @@ class PageStore:
         """The slot that writes for version ``version + 1`` go to."""
         return "B" if self._version % 2 == 0 else "A"
 
-    def crcs(self, name: str, slot: str | None = None) -> list[int]:
+    def crcs(self, name: str, slot: str | None = None) -> list[int | None]:
         """The crc32c of each chunk of entry ``name`` in ``slot`` (default: the committed
         version's slot), as the manifest records them."""
         if name not in self.entries:
@@ -586,7 +588,8 @@ class PageStore:
         path = self._files.path(ei, self.inactive_slot, c.stripe)
         self._pending[e.name][index] = None  # a failed write leaves the chunk unwritten
         _io_write(path, c.offset, raw)
-        self._pending[e.name][index] = crc32c.crc32c(raw)
+        # the stubs type ``data`` as Buffer; numpy's stubs lack __buffer__ before 3.12
+        self._pending[e.name][index] = crc32c.crc32c(raw)  # pyright: ignore[reportArgumentType]
 
     def _read_verified(self, ei: int, index: int, slot: str | None, out: np.ndarray) -> None:
         e = self._layout.entries[ei]
@@ -617,7 +620,7 @@ class PageStore:
             )
         path = self._files.path(ei, slot, c.stripe)
         _io_read(path, c.offset, c.nbytes, out)
-        got = crc32c.crc32c(out)
+        got = crc32c.crc32c(out)  # pyright: ignore[reportArgumentType]  # ndarray is a Buffer
         if got != want:
             raise PageStoreCorruptError(
                 f"checksum mismatch in page file {path} at offset {c.offset} ({c.nbytes} bytes: "

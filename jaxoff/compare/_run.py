@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from .. import _output
 from . import _report
@@ -68,7 +68,10 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     measure = measure_isolated if cfg.isolate else measure_policy
     rows = []
     with _progress(console) as progress:
-        task = progress.add_task("compare", total=len(runs) * (2 if cfg.check_export else 1) + 1)
+        # a plain int from LogProgress; TaskID is that int (a NewType) for rich's Progress
+        task = TaskID(
+            progress.add_task("compare", total=len(runs) * (2 if cfg.check_export else 1) + 1)
+        )
         for spec, placement in runs:
             progress.update(task, description=f"compile + run {spec} ({placement})")
             rows.append(
@@ -155,7 +158,7 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
     console = console or _output.console()
     names = cfg.strategy_list()
     with _progress(console) as progress:
-        task = progress.add_task("compare", total=len(names) + 1)
+        task = TaskID(progress.add_task("compare", total=len(names) + 1))
         progress.update(task, description="baseline FLOPs (none)")
         baseline = baseline_flops(model_config(cfg.model, "none"), cfg.batch_size, cfg.seq_len)
         progress.advance(task)

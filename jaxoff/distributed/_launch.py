@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
 
 from .._errors import ConfigError, UsageError
 
@@ -369,7 +371,9 @@ def _signal_running(procs: list[subprocess.Popen], signum: int) -> None:
         p.send_signal(signum)  # a no-op for a process already reaped
 
 
-def _install_handlers(handler: Callable) -> dict[int, object]:
+def _install_handlers(
+    handler: Callable,
+) -> dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None]:
     """Installs ``handler`` for SIGINT and SIGTERM; returns the handlers it replaced (none
     outside the main thread, where Python cannot set handlers)."""
     if threading.current_thread() is not threading.main_thread():

@@ -106,8 +106,9 @@ def _write_tmp(store: PageStore, tmp: str) -> int:
             for c in e.chunks:
                 x = store.read_chunk(name, c.index)  # verified
                 raw = x.view(np.uint8).reshape(-1)
-                f.write(memoryview(raw))
-                crcs.append(crc32c.crc32c(raw))
+                # numpy's stubs give ndarray no __buffer__ before Python 3.12; it is a buffer
+                f.write(memoryview(raw))  # pyright: ignore[reportArgumentType]
+                crcs.append(crc32c.crc32c(raw))  # pyright: ignore[reportArgumentType]
                 total += raw.nbytes
                 _faults.point("checkpoint.paged")
             f.flush()
@@ -140,6 +141,7 @@ def _naming(path: str):
 
 
 def _full(e: OSError, directory: str, needed: int) -> PageStoreFullError:
+    assert e.errno is not None  # the caller checked it is one of FULL_ERRNOS
     path = e.filename or directory
     what = (
         "the file size limit was reached (`ulimit -f`, or the filesystem's largest file)"
@@ -257,7 +259,7 @@ def copy_in(
                 for c in e.chunks:
                     f.seek(c.elem_start * e.dtype.itemsize)
                     raw = np.frombuffer(f.read(c.nbytes), np.uint8)
-                    if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:
+                    if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:  # pyright: ignore[reportArgumentType]  # ndarray is a Buffer
                         raise PageStoreCorruptError(
                             f"restore_paged: chunk {c.index} of {name!r} in {directory} is "
                             "damaged (short or checksum mismatch); use an older checkpoint"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any
+from typing import Any, cast
 
 import optax
 
@@ -108,6 +108,8 @@ def chain_members(
     init, update = tx.init, tx.update
     if getattr(init, "__qualname__", "") != "chain.<locals>.init_fn":
         return None
+    # optax.chain's closures (the qualname says so), not just the protocol's callables
+    init, update = cast(types.FunctionType, init), cast(types.FunctionType, update)
     cells = dict(zip(init.__code__.co_freevars, init.__closure__ or (), strict=True))
     ucells = dict(zip(update.__code__.co_freevars, update.__closure__ or (), strict=True))
     if "init_fns" not in cells or "update_fns" not in ucells:

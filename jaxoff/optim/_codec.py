@@ -70,7 +70,8 @@ def entry_ios(store: PageStore, storages=None) -> list[EntryIO]:
 def write_chunk(store: PageStore, name: str, i: int, x: np.ndarray) -> int:
     x = np.ascontiguousarray(x)
     store.write_chunk(name, i, x)
-    return crc32c.crc32c(x.view(np.uint8).reshape(-1))
+    # numpy's stubs give ndarray no __buffer__ before Python 3.12; it is a buffer
+    return crc32c.crc32c(x.view(np.uint8).reshape(-1))  # pyright: ignore[reportArgumentType]
 
 
 def ram_bytes(plan: Plan, leaves) -> jax.Array:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -148,6 +149,7 @@ class StepCommit:
         """`stale_reason` of the state (``version``, ``crcs``: its checksum arrays), outside
         a trace (e.g. before a checkpoint copies the store)."""
         store = self.store_of()
+        assert store is not None  # its callers (fuyou_save) hold an open store
         return stale_reason(store, version, self.names([np.asarray(c) for c in crcs]), self.fix)
 
     def check(self, version: jax.Array, crcs: Sequence[jax.Array]) -> jax.Array:
@@ -190,7 +192,8 @@ class StepCommit:
         store = self.store_of()
         if not isinstance(new, Mapping) and store is not None:
             new = dict(zip(store.entries, new, strict=True))
-        return commit_state(store, self.root, version, old, new, self.fix)
+        # still a list only when no store is open, which commit_state's check refuses first
+        return commit_state(store, self.root, version, old, cast(Mapping, new), self.fix)
 
 
 def commit_gate(

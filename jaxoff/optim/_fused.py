@@ -25,9 +25,10 @@ difference comes from cancellation); nu within 6 ulp; mu within 3e-7 of its larg
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
+import jax.core  # jax imports it itself; named so the type checker knows jax.core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -68,11 +69,21 @@ class FusedAdamW(optax.GradientTransformationExtraArgs):
         same shape in order, so ``jax.jit(tx.apply, donate_argnums=(1, 2))`` (state before
         params in, params before state out) pairs mu with the new params and XLA copies.
         """
-        return self.init.__self__.apply(grads, state, params)
+        impl = self.init.__self__  # pyright: ignore[reportAttributeAccessIssue]  # _Impl.init, bound
+        return impl.apply(grads, state, params)
 
 
 class _Impl:
-    def __init__(self, learning_rate, b1, b2, eps, weight_decay, mask, threads):
+    def __init__(
+        self,
+        learning_rate: float | Callable[[jax.Array], jax.Array],
+        b1: float,
+        b2: float,
+        eps: float,
+        weight_decay: float | Callable[[jax.Array], jax.Array],
+        mask: Any,
+        threads: int,
+    ):
         self.learning_rate, self.b1, self.b2, self.eps = learning_rate, b1, b2, eps
         self.weight_decay, self.mask, self.threads = weight_decay, mask, int(threads)
 
@@ -170,7 +181,9 @@ class _Impl:
             new_m.append(m)
             new_v.append(v)
         new_state = FusedAdamWState(
-            optax.safe_increment(state.count), treedef.unflatten(new_m), treedef.unflatten(new_v)
+            cast(jax.Array, optax.safe_increment(state.count)),  # an array in, an array out
+            treedef.unflatten(new_m),
+            treedef.unflatten(new_v),
         )
         return treedef.unflatten(outs), new_state
 
@@ -272,4 +285,5 @@ def fused_adamw(
     (0.999, 1)
     """
     impl = _Impl(learning_rate, b1, b2, eps, weight_decay, mask, threads)
-    return FusedAdamW(impl.init, impl.update)
+    # update's first parameter is named grads (optax's protocol: updates); called positionally
+    return FusedAdamW(impl.init, impl.update)  # pyright: ignore[reportArgumentType]

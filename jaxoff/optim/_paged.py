@@ -6,9 +6,10 @@ import dataclasses
 import functools
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.core  # jax imports it itself; named so the type checker knows jax.core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -38,6 +39,9 @@ from jaxoff.optim._commit import StepCommit, commit_gate, stale_reason, wait_for
 from jaxoff.optim._pipeline import EntryIO
 from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
+
+if TYPE_CHECKING:
+    from jaxoff.optim._chunks_api import ChunkUpdater
 from jaxoff.optim._state import PagedState, make_state
 from jaxoff.optim._stepplan import StepPlan
 from jaxoff.optim._update import compute_chunk, paged_update
@@ -79,7 +83,7 @@ class PagedTransformation(optax.GradientTransformationExtraArgs):
 
     @property
     def pager(self) -> Pager:
-        return self.init.__self__
+        return self.init.__self__  # pyright: ignore[reportAttributeAccessIssue]  # Pager.init, bound
 
     @property
     def store(self) -> PageStore | None:
@@ -148,7 +152,8 @@ def paged(
         slots=slots,
         probe=probe,
     )
-    return PagedTransformation(pager.init, pager.update)
+    # optax types states as arrays and containers of them; a PagedState is a pytree all the same
+    return PagedTransformation(pager.init, pager.update)  # pyright: ignore[reportArgumentType]
 
 
 def update_and_apply(
@@ -177,9 +182,8 @@ def update_and_apply(
         states = list(opt_state)
         for k, m in enumerate(members[:-1]):
             grads, states[k] = m.update(grads, states[k], params, **extra_args)
-        params, states[-1] = members[-1].update.__self__.apply(
-            grads, states[-1], params, **extra_args
-        )
+        pager = members[-1].update.__self__  # pyright: ignore[reportAttributeAccessIssue]  # checked
+        params, states[-1] = pager.apply(grads, states[-1], params, **extra_args)
         return params, tuple(states)
     updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
     return optax.apply_updates(params, updates), opt_state
@@ -209,6 +213,8 @@ def prefetch_bytes(plan: Plan, leaf: LeafPlan, n: int) -> int:
 
 class Pager:
     """Everything behind one `paged` transformation: plan, store, compiled tables."""
+
+    _chunk_updater: ChunkUpdater  # set by chunk_updater() at its first call, under its lock
 
     def __init__(self, tx, store, *, chunk_bytes, master_dtype, engine, slots=2, probe=True):
         if not isinstance(tx, optax.GradientTransformation) and hasattr(

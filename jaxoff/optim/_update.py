@@ -4,6 +4,7 @@ paging pipeline, between the state's check and the commit (`jaxoff.optim.StepCom
 from __future__ import annotations
 
 import functools
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,8 @@ def paged_update(pager, grads, state: PagedState, params, *, apply: bool, extra:
     read_slot = (state.version % 2).astype(jnp.int32)
     g_leaves = plan.params_def.flatten_up_to(grads)
     p_leaves = plan.params_def.flatten_up_to(params)
-    outs, new_crcs, tokens = [], [None] * len(ios), []
+    outs, tokens = [], []
+    new_crcs: list[Any] = [None] * len(ios)  # each entry's checksums, all filled below
     # One token runs through all leaves: leaf k+1's first read waits for leaf k's last
     # write, so XLA cannot schedule every leaf's prologue at once (bounded buffers).
     # The first read waits for the check that the state describes the store's committed
@@ -136,7 +138,7 @@ def compute_chunk(pager, plan, leaf, g_flat, p_flat, inner_ram, extra, apply, i,
     # The new parameters are computed here, fused with the update as plain optax fuses
     # them (XLA contracts a*b+c to FMA inside a fusion); the returned updates are then the
     # exact difference, so that optax.apply_updates(params, updates) reproduces them.
-    new_p = optax.apply_updates(p_in, u)
+    new_p = cast(jax.Array, optax.apply_updates(p_in, u))  # a chunk in, an array out
     if leaf.master:
         writes = [new_p, *new_states]
         new_param = new_p.astype(leaf.dtype)

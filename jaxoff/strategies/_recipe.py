@@ -229,7 +229,7 @@ def strategy_overrides(
             f"strategy {name!r} uses a placement with no preset name ({recipe.placement}); "
             f"run it through jaxoff.strategies.prepare instead of TrainConfig"
         )
-    out = {
+    out: dict[str, Any] = {
         "policy": recipe.policy,
         "placement": placement,
         "store": "auto" if recipe.store else "none",

@@ -163,12 +163,13 @@ def load_tokens(
             f"--token-dtype {token_dtype!r} is not a token type; choose auto or one of "
             f"{', '.join(TOKEN_DTYPES)}"
         )
-    elif not (is_token_file and path.suffix == ".bin"):
+    elif not (is_token_file and path is not None and path.suffix == ".bin"):
         raise ConfigError(
             f"--token-dtype {token_dtype} applies to .bin token files, not to --data "
             f"{path or 'default (text)'}; leave it at auto"
         )
     if is_token_file:
+        assert path is not None  # a token file is a path
         if tokenizer is not None:
             raise ConfigError(
                 f"--data {path} is already tokens; --tokenizer encodes text files: leave it out"

@@ -38,8 +38,9 @@ def missing_dirs(cfg: TrainConfig) -> list[Path]:
     cache, and their missing parents), those that do not exist yet, deepest first."""
     paths = [Path(cfg.out_dir)]
     try:
-        if cfg.store != "none":
-            paths.append(cfg.store_dir())
+        store = cfg.store_dir()
+        if store is not None:  # None exactly when cfg.store is "none"
+            paths.append(store)
     except Exception:  # noqa: BLE001 - validate names a bad value
         pass
     if isinstance(cfg.compile_cache, str) and cfg.compile_cache not in ("auto", "none", ""):

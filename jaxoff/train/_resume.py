@@ -286,6 +286,7 @@ def heal_store(cfg: TrainConfig, step: int | None) -> None:
     from ..aio._store_files import owned_files, remove_owned
 
     root = cfg.store_dir()
+    assert root is not None  # called for runs with a store only
     try:
         PageStore.open(root).close()
         return

@@ -51,7 +51,7 @@ write-behind 0.0s, flush 0.0s waited, 1074 MB read, 0 MB written)'
     elif writes:
         what = "paged writes"
     elif any(w > 0 for w in waits.values()):
-        what = f"paged I/O (most: {max(waits, key=waits.get)})"
+        what = f"paged I/O (most: {max(waits, key=lambda k: waits[k])})"
     else:
         what = "not paged I/O (nothing in flight): compute or the host"
     detail = ", ".join(f"{name} {duration(w)}" for name, w in waits.items())

@@ -146,6 +146,7 @@ def fuyou_save(tx, opt_state: FuyouState, directory) -> int:
     """
     lay = _laid_out(tx, "fuyou_save")
     opt_state = jax.device_get(jax.block_until_ready(opt_state))
+    assert lay.commits is not None  # `_layout` sets it on every layout it returns
     reason = lay.commits.stale(opt_state.version, [*opt_state.crcs, *opt_state.params])
     if reason is not None:
         raise PageStoreError(f"fuyou_save: {reason}; save the state the last step returned")

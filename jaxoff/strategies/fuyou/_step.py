@@ -147,6 +147,7 @@ def _context(opts: _Options, param_dtype, state) -> StepContext:
     read_slot = (opt.version % 2).astype(jnp.int32)
     # the state is the store's committed version (`jaxoff.optim.StepCommit`): every read of
     # the optimizer state follows this check
+    assert lay.commits is not None  # `_layout` sets it on every layout it returns
     checked = new_token() + lay.commits.check(opt.version, [*opt.crcs, *opt.params])
     rest = [leaves[i] for i in ridx]
     stacked = [leaves[i] if opts.blocks_as_bits else _stack_form(leaves[i]) for i in bidx]
@@ -158,8 +159,9 @@ def _context(opts: _Options, param_dtype, state) -> StepContext:
     return ctx
 
 
-def _merged(ctx: StepContext, rest, blocks) -> nnx.Module:
-    """The model with ``rest`` as its other leaves and ``blocks`` as its block leaves."""
+def _merged(ctx: StepContext, rest, blocks) -> Any:
+    """The model with ``rest`` as its other leaves and ``blocks`` as its block leaves (an
+    ``nnx.Module`` with the model protocol's ``embed_tokens``, ``blocks`` and ``logits``)."""
     full = [None] * len(ctx.leaves)
     for i, x in zip(ctx.ridx, rest, strict=True):
         full[i] = x
@@ -224,7 +226,7 @@ def _train_step(opts: _Options, param_dtype, state, inputs, targets):
     # the embeddings, final norm and head: after the scan
     used_front = _used_inputs(lambda r: _front(ctx, r, inputs), ctx.rest)
     used_back = _used_inputs(lambda r: _back(ctx, r, h, targets), ctx.rest)
-    new_leaves = [None] * len(ctx.leaves)
+    new_leaves: list = [None] * len(ctx.leaves)
     for i, ni in zip(ctx.bidx, new_stacked, strict=True):
         new_leaves[i] = ni
     grads = [(gf, gb, uf, ub) for gf, gb, uf, ub in
@@ -365,7 +367,7 @@ def _backward(ctx: StepContext, tables, saved, gh, top_heads, gated):
     gh, tok, new_stacked, g_layer, heads_0, pending, pending_j = carry
     first = jax.tree.map(lambda t: t[0], tables)
     layer = _layer(new_stacked, 0, ctx.dtypes)
-    new_0, crcs_0, sq_0, tok = _update_layer(ctx, g_layer, layer, heads_0, *first, tok)
+    new_0, crcs_0, sq_0, tok = _update_layer(ctx, g_layer, layer, heads_0, *first, tok=tok)
     # layer 0 first: its update reads and writes slot 0 of the same stack, in place; written
     # after layer 1's, XLA would read slot 0 from the stack before that write and copy the
     # whole stack to keep it
@@ -389,7 +391,7 @@ def _backward_body(ctx: StepContext, carry, xs):
     # layer j + 1's parameters, still the old ones (sliced again, not carried: a carried
     # slice is copied into the loop's buffer at every step)
     p_up = _layer(blocks, j + 1, ctx.dtypes)
-    new_up, crcs_up, sq_up, tok = _update_layer(ctx, g_up, p_up, heads_up, *up_tables, tok)
+    new_up, crcs_up, sq_up, tok = _update_layer(ctx, g_up, p_up, heads_up, *up_tables, tok=tok)
     carry = (gh, tok, blocks, g_layer, heads_j, _like(new_up, blocks), j + 1)
     return carry, (crcs_up, sq_up)
 
@@ -426,4 +428,5 @@ def _commit(ctx: StepContext, new_crcs, new_ram, pcrcs, tok, gated) -> jax.Array
     # every write of the step is durable before the commit (write-behind ones included)
     flushed = page_flush(lay.table, tok + tok_ram)
     opt = ctx.opt
+    assert lay.commits is not None  # `_layout` sets it on every layout it returns
     return lay.commits.commit(opt.version, [*opt.crcs, *opt.params], [*new_crcs, *pcrcs], flushed)
