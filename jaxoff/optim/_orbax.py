@@ -9,9 +9,22 @@ pages back into the transformation's store (any directory) so that the restored 
 them. Both are ordinary ``CheckpointArgs`` registered with `PagedCheckpointHandler`, so a
 ``CheckpointManager`` takes them alone or inside ``ocp.args.Composite``.
 
->>> import orbax.checkpoint as ocp                                      # doctest: +SKIP
->>> mngr.save(step, args=PagedSave(tx, {"params": params, "opt_state": opt_state}))
->>> restored = mngr.restore(step, args=PagedRestore(tx, abstract_tree))
+>>> import tempfile, jax.numpy as jnp, optax, orbax.checkpoint as ocp
+>>> from jaxoff.optim import PagedRestore, PagedSave, paged
+>>> tmp = tempfile.mkdtemp()
+>>> tx = paged(optax.adam(1e-3), tmp + "/store", chunk_bytes=4096)
+>>> params = {"w": jnp.ones((3, 5))}
+>>> opt_state = tx.init(params)
+>>> updates, opt_state = tx.update(params, opt_state, params)
+>>> mngr = ocp.CheckpointManager(tmp + "/checkpoints")
+>>> mngr.save(1, args=PagedSave(tx, {"params": params, "opt_state": opt_state}))
+True
+>>> mngr.wait_until_finished()
+>>> abstract_tree = {"params": params, "opt_state": opt_state}  # or its shapes
+>>> restored = mngr.restore(1, args=PagedRestore(tx, abstract_tree))
+>>> int(restored["opt_state"].inner_state[0].count)
+1
+>>> mngr.close(); tx.close()
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ def strategy_overrides(
         >>> from jaxoff.models.gpt import CONFIGS
         >>> from jaxoff.strategies import strategy_overrides
         >>> strategy_overrides("zero_infinity", CONFIGS["tiny"], 4, 32)
-        {'policy': 'full', 'placement': 'host_params', 'store': 'auto'}
+        {'policy': 'full', 'placement': 'host_params_stream1', 'store': 'auto'}
     """
     recipe = build_recipe(name, Context(model_cfg, batch, seq, device_mem, **ctx))
     placement = recipe.placement_name()
