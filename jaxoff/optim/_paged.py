@@ -39,12 +39,12 @@ from jaxoff.optim._commit import StepCommit, commit_gate, stale_reason, wait_for
 from jaxoff.optim._pipeline import EntryIO
 from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
-
-if TYPE_CHECKING:
-    from jaxoff.optim._chunks_api import ChunkUpdater
 from jaxoff.optim._state import PagedState, make_state
 from jaxoff.optim._stepplan import StepPlan
 from jaxoff.optim._update import compute_chunk, paged_update
+
+if TYPE_CHECKING:
+    from jaxoff.optim._chunks_api import ChunkUpdater
 
 _write_chunk = write_chunk  # its name before _codec
 __all__ = [  # the names other modules import from here (some now defined elsewhere)
@@ -182,7 +182,7 @@ def update_and_apply(
         states = list(opt_state)
         for k, m in enumerate(members[:-1]):
             grads, states[k] = m.update(grads, states[k], params, **extra_args)
-        pager = members[-1].update.__self__  # pyright: ignore[reportAttributeAccessIssue]  # checked
+        pager = members[-1].update.__self__  # pyright: ignore[reportAttributeAccessIssue]  # a Pager's
         params, states[-1] = pager.apply(grads, states[-1], params, **extra_args)
         return params, tuple(states)
     updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
