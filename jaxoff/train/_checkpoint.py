@@ -99,8 +99,10 @@ class Checkpoints:
         for old in complete[: -self.keep]:
             self.discard(old)
         kept = {str(s) for s in complete[-self.keep :]}
-        for d in self.paged_directory.glob("*"):  # left by a failed save, or by an old run
-            if d.name not in kept:
+        # a step's paged folder left by a failed save, or by an old run; only the step
+        # folders this class writes (a name of digits), never another file put there
+        for d in self.paged_directory.glob("*"):
+            if d.is_dir() and d.name.isdigit() and d.name not in kept:
                 shutil.rmtree(d, ignore_errors=True)
 
     def discard(self, step: int) -> None:

@@ -59,6 +59,8 @@ def train(cfg: TrainConfig, model: Any = None) -> TrainResult:
         >>> from jaxoff.train import TrainConfig, train
         >>> result = train(TrainConfig(model="tiny", steps=3, batch_size=2, seq_len=32,
         ...                            out_dir=tmp_path, progress=False, eval_every=0))
+        ... # doctest: +ELLIPSIS
+        jaxoff train: done, 3 steps of tiny in ...
         >>> len(result.losses)
         3
     """
