@@ -153,11 +153,10 @@ def test_checkpoint_files_are_verified_with_fallback_on_request(tmp_path, capfd,
     for p in ckpts.glob("*/checksums.json"):
         p.unlink()
     before = tree_bytes(cfg.out_dir)
-    with pytest.raises(JaxoffError, match="have no checksums.json.*JAXOFF_RESUME_UNVERIFIED=1"):
+    with pytest.raises(JaxoffError, match="have no checksums.json.*--resume-unverified"):
         train(dataclasses.replace(cfg, resume=True))
     assert tree_bytes(cfg.out_dir) == before
-    monkeypatch.setenv("JAXOFF_RESUME_UNVERIFIED", "1")
-    done = train(dataclasses.replace(cfg, resume=True))
+    done = train(dataclasses.replace(cfg, resume=True, resume_unverified=True))
     err = capfd.readouterr().err
     assert "had no checksums" in err and "is complete at step 8 of 8" in err
     assert (done.first_step, done.records) == (8, [])

@@ -64,6 +64,9 @@ class TrainConfig:
         resume_fallback: with --resume, when the latest checkpoint fails its checksums, remove
             it and continue from the newest one that passes (said in one line); without it a
             damaged checkpoint is an error.
+        resume_unverified: with --resume, admit checkpoints none of which has a
+            ``checksums.json`` (all deleted, or written by a jaxoff that did not checksum),
+            unverified; without it such a run is refused.
         overwrite: replace a previous run in out_dir (its metrics and checkpoints are deleted).
         stop_at: stop after this step (as if interrupted), checkpointing first; 0 runs to the end.
         progress: show progress: a live bar where stderr is a terminal, else a plain line
@@ -137,6 +140,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     resume: bool = False
     resume_fallback: bool = False
+    resume_unverified: bool = False
     overwrite: bool = False
     stop_at: int = 0
     progress: bool = True
@@ -414,6 +418,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "resume",
         "resume_fallback",
+        "resume_unverified",
         "overwrite",
         "out_dir",  # a moved run resumes where it now lies
         "stop_at",

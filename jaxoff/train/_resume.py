@@ -183,9 +183,7 @@ UNVERIFIED_FLAG = "--resume-unverified"
 
 
 def _unverified_allowed(cfg: TrainConfig) -> bool:
-    return bool(getattr(cfg, "resume_unverified", False)) or (
-        os.environ.get("JAXOFF_RESUME_UNVERIFIED") == "1"
-    )
+    return cfg.resume_unverified
 
 
 def _unchecksummed(out: Path) -> list[int]:
@@ -203,11 +201,7 @@ def _check_unchecksummed(cfg: TrainConfig) -> None:
     steps = _unchecksummed(out)
     if len(steps) < 2 or _unverified_allowed(cfg):
         return
-    how = (
-        f"pass {UNVERIFIED_FLAG}"
-        if hasattr(cfg, "resume_unverified")
-        else "set JAXOFF_RESUME_UNVERIFIED=1"
-    )
+    how = f"pass {UNVERIFIED_FLAG}"
     raise ConfigError(
         f"--resume: checkpoints {', '.join(map(str, steps))} in {out / 'checkpoints'} have no "
         f"checksums.json (deleted, or written by a jaxoff that did not checksum), so nothing "
