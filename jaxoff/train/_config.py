@@ -159,7 +159,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
         if self.plan is not None:
-            from ..plan import apply_plan
+            from ..plan._planfile import apply_plan
 
             self = apply_plan(self)  # noqa: PLW0642 (the plan's policy replaces --policy)
         if self.strategy not in typing.get_args(Strategy):

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Column
 
-from .._errors import JaxoffError
 from .._output import is_terminal, on_termination
+from ._records import read_metrics as read_metrics
 from ._watchdog import StallWatchdog, duration
 
 GIB = 2**30
@@ -89,26 +89,6 @@ def _tensorboard_for(path: Path, out_dir: Path):
         for old in logdir.glob("events.out.tfevents.*"):
             old.unlink()
     return TensorBoardWriter(logdir, purge_from=max(steps) + 1 if steps else None)
-
-
-def read_metrics(path: Path | str) -> list[dict]:
-    """The records of a ``metrics.jsonl``; a last line torn by a kill mid-write is dropped."""
-    with open(path) as f:
-        lines = f.read().split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            if i == len(lines) - 1:  # no newline after it: the write was cut short
-                break
-            raise JaxoffError(
-                f"{path}: line {i + 1} is not JSON ({line[:40]!r}...); the metrics log was "
-                f"edited or damaged: delete that line"
-            ) from None
-    return records
 
 
 def trim_metrics(path: Path, last_step: int) -> None:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ._checkpoint import complete_steps
-from ._metrics import read_metrics
+from ._records import read_metrics
 from ._tensorboard import TB_DIR
 from ._watchdog import duration
 
