@@ -87,8 +87,9 @@ def _status(env: str) -> BackendStatus:
             backend="io_uring",
         )
     except OSError as e:
-        name = errno.errorcode.get(e.errno, str(e.errno))
-        hint = _SETUP_HINT.get(e.errno, "the kernel refused it")
+        # a None errno is no key: the defaults apply
+        name = errno.errorcode.get(e.errno, str(e.errno))  # pyright: ignore[reportCallIssue, reportArgumentType]
+        hint = _SETUP_HINT.get(e.errno, "the kernel refused it")  # pyright: ignore[reportCallIssue, reportArgumentType]
         return BackendStatus(
             "posix",
             f"io_uring_setup failed with {name} (errno {e.errno}): {hint}",

@@ -233,10 +233,9 @@ class TrainConfig:
                 "--compile-cache",
                 "choose another directory, auto or none",
             )
-        if self.store_dir() is not None:
-            _check_writable(
-                self.store_dir(), "--store", "choose another --store directory, or --store none"
-            )
+        store = self.store_dir()
+        if store is not None:
+            _check_writable(store, "--store", "choose another --store directory, or --store none")
         return self
 
     def _check_fuyou(self, model) -> None:
@@ -450,7 +449,9 @@ def _check_data_options(data: Path | None, tokenizer: Path | None, token_dtype: 
             f"--token-dtype {token_dtype!r} is not a token type; choose auto or one of "
             f"{', '.join(TOKEN_DTYPES)}"
         )
-    if token_dtype != "auto" and not (is_token_file and Path(data).suffix == ".bin"):
+    if token_dtype != "auto" and not (
+        is_token_file and data is not None and Path(data).suffix == ".bin"
+    ):
         raise ConfigError(
             f"--token-dtype {token_dtype} applies to .bin token files, not to --data "
             f"{data or 'default (text)'}; leave it at auto"
@@ -490,7 +491,7 @@ def _type_error(value, hint) -> str | None:
         return None if value in args else f"one of {', '.join(map(repr, args))}"
     if args:  # a union, e.g. Path | None (TOML has no null: the value is one of the others)
         errors = [_type_error(value, a) for a in args if a is not type(None)]
-        return None if None in errors else " or ".join(errors)
+        return None if None in errors else " or ".join(e for e in errors if e is not None)
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),

@@ -102,7 +102,8 @@ def use_compile_cache(cfg: TrainConfig) -> str | None:
     from jax.experimental.compilation_cache import compilation_cache
 
     global _compile_cache_set
-    current = jax.config.jax_compilation_cache_dir
+    # a flag jax.config holds at run time; its stubs do not declare it
+    current = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]
     ours = current is not None and current == _compile_cache_set
     if cfg.compile_cache == "none":
         path = None if ours else current
