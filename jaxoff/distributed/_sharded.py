@@ -78,7 +78,10 @@ def to_global(local, shape: tuple[int, ...], sharding, box: tuple[slice, ...]) -
     """The global array of ``shape`` whose block ``box`` on this process is ``local``."""
     local = np.asarray(local)
     return jax.make_array_from_callback(
-        shape, sharding, lambda index: local[_relative(index, box, shape)]
+        shape,
+        sharding,
+        # jax passes each shard's index, a tuple of slices (its stubs say Index | None)
+        lambda index: local[_relative(index, box, shape)],  # pyright: ignore[reportArgumentType]
     )
 
 

@@ -8,7 +8,7 @@ import logging
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 
@@ -165,7 +165,7 @@ def _needs_names(spec: Spec) -> bool:
     return PRESETS[spec].needs_names if spec in PRESETS else True
 
 
-def _is_jax_name(spec: Spec) -> bool:
+def _is_jax_name(spec: Spec) -> TypeGuard[str]:
     return isinstance(spec, str) and spec.strip() in JAX_POLICIES and spec.strip() not in PRESETS
 
 
