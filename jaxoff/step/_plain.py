@@ -5,6 +5,8 @@ steps from here. Offload lives elsewhere (``jaxoff.placement``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -93,8 +95,8 @@ class PlainStep:
 
         self.model_cfg, self.tx, self.mesh, self.seed = model_cfg, tx, mesh, seed
         self.placement = get_placement(placement)
-        self.graphdef = None
-        self._step = None
+        self.graphdef: Any = None  # set by init() or restore()
+        self._step: Any = None  # set by compile()
         self._loss = None
 
     @property
@@ -121,7 +123,7 @@ class PlainStep:
                 return step, state
             try:
                 # the store may be ahead of (or elsewhere than) the checkpoint: write it back
-                opt_state = restore_paged(self.tx, reader.paged_dir(step), state.params)
+                opt_state = restore_paged(self.tx, reader.paged_dir(step), state.params)  # pyright: ignore[reportArgumentType] (paged: checked above)
                 return step, state._replace(opt_state=opt_state)
             except PageStoreCorruptError as e:
                 step = fall_back(step, e, [0])
@@ -130,7 +132,7 @@ class PlainStep:
         if self.paged:
             from ..optim import save_paged
 
-            save_paged(self.tx, state.opt_state, writer.paged_part(step))
+            save_paged(self.tx, state.opt_state, writer.paged_part(step))  # pyright: ignore[reportArgumentType] (paged: checked above)
         writer.save_tree(step, state)
 
     def compile(self, state: TrainState, inputs, targets) -> TrainState:

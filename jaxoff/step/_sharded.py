@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -41,7 +42,7 @@ class ShardedPagedStep:
     def __init__(self, model_cfg, pre, tx, mesh, placement=None, seed: int = 0):
         self.model_cfg, self.pre, self.tx, self.mesh = model_cfg, pre, tx, mesh
         self.placement, self.seed = placement, seed
-        self.graphdef = None
+        self.graphdef: Any = None  # set by init() or restore()
         self.layout = None  # a jaxoff.distributed.ShardedParams, at the first step
         self.split: dict[str, float] = {}
         self._loss = None
@@ -83,7 +84,7 @@ class ShardedPagedStep:
                 g, _ = pre.update(g, pre.init(move(params, "device")), params)
             return step + 1, loss, g, norm
 
-        self._grads = jax.jit(
+        self._grads: Any = jax.jit(
             grads,
             in_shardings=(rep, shardings, tokens, tokens),
             out_shardings=(rep, rep, grad_shardings, rep),

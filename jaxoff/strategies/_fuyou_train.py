@@ -9,6 +9,8 @@ step and the parameters the state keeps (without the empty placeholders of paged
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,8 +42,8 @@ class FuyouStep:
         self.model_cfg, self.tx, self.seed = model_cfg, tx, seed
         self.placement = get_placement(placement)
         self.page_params, self.read_ahead_bytes = page_params, read_ahead_bytes
-        self.graphdef = None
-        self._step = None
+        self.graphdef: Any = None  # set by init() or restore()
+        self._step: Any = None  # set by compile()
         self._loss = None
 
     def init(self) -> TrainState:
@@ -84,7 +86,7 @@ class FuyouStep:
         self.graphdef, params = nnx.split(model, nnx.Param)
         if self.page_params:
             params = jax.eval_shape(fuyou_resident, params)
-        abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, None)
+        abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, None)  # pyright: ignore[reportArgumentType] (an abstract state)
         abstract = abstract_with(abstract, state_shardings(self.placement, abstract))
         while True:
             state = self._restore_tree(reader, step, abstract)

@@ -10,6 +10,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import orbax.checkpoint as ocp
 
@@ -47,7 +48,7 @@ class Checkpoints:
         self.directory = self.out_dir / "checkpoints"
         self.paged_directory = self.out_dir / "checkpoints_paged"
         self.keep = keep
-        self.step = step  # the jaxoff.step.Step whose states these are
+        self.step: Any = step  # the jaxoff.step.Step whose states these are
         self.process, self.processes = jax.process_index(), jax.process_count()
         _quiet_orbax_disk_full()
         # retention is ours (max_to_keep=None): orbax would delete the previous checkpoint

@@ -313,7 +313,7 @@ def _close_quietly(close) -> None:
         pass
 
 
-def _evaluate(evaluate, state, val_batches: Batches, cfg: TrainConfig) -> float:
+def _evaluate(evaluate, state, val_batches, cfg: TrainConfig) -> float:
     losses = [float(evaluate(state, *val_batches(i))) for i in range(cfg.eval_batches)]
     return float(np.mean(losses))
 
