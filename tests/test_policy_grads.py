@@ -57,9 +57,17 @@ def test_device_temp_memory_ordered():
     assert temp["none"] - temp["selective"] >= 2 * scores * tiny.num_layers, temp
 
 
-def test_sqrt_is_full_on_a_shallow_stack():
+def test_sqrt_bytes_is_full_on_a_shallow_stack():
     """tiny (5 layers): a block's interior is far more than its input, so the byte model
-    picks per-block segments and sqrt compiles to full's program (tests/test_sqrt.py has
-    the depths where segments pay)."""
-    assert apply_policy(CONFIGS["tiny"], "sqrt").stack.remat_every == "auto"
-    assert _run("sqrt")[2] == _run("full")[2] < _run("none")[2], (_run("sqrt")[2], _run("none")[2])
+    (``sqrt_bytes``) picks per-block segments and compiles to full's program
+    (tests/test_sqrt.py has the depths where segments pay)."""
+    assert apply_policy(CONFIGS["tiny"], "sqrt_bytes").stack.remat_every == "auto"
+    assert _run("sqrt_bytes")[2] == _run("full")[2] < _run("none")[2], (
+        _run("sqrt_bytes")[2],
+        _run("none")[2],
+    )
+
+
+def test_sqrt_is_chens_rule_on_a_shallow_stack():
+    """tiny (5 layers): ``sqrt`` runs segments of round(sqrt(5)) = 2 layers."""
+    assert apply_policy(CONFIGS["tiny"], "sqrt").stack.remat_every == 2

@@ -203,7 +203,8 @@ def test_llama_presets():
 def test_apply_policy_sets_the_stack_of_any_model():
     cfg = apply_policy(TOY, "act=offload,*=device")
     assert callable(cfg.stack.policy) and cfg.stack.remat_every == 1
-    assert apply_policy(TOY, "sqrt").stack.remat_every == "auto"  # sized when traced
+    assert apply_policy(TOY, "sqrt_bytes").stack.remat_every == "auto"  # sized when traced
+    assert apply_policy(TOY, "sqrt").stack.remat_every == 2  # round(sqrt(4 layers))
     assert apply_policy(TOY, "none").stack.policy is None
     assert apply_policy(TOY, "nothing_saveable").stack.policy is cp.nothing_saveable
 
