@@ -73,7 +73,28 @@ def abstract_state(model_cfg, tx: optax.GradientTransformation):
     return graphdef, jax.eval_shape(build)
 
 
-class PlainStep:
+class _OptaxStep:
+    """What the plain and the sharded step share: the loss of ``state.params`` for
+    validation, the paged optimizer's file table and its close."""
+
+    tx: Any
+    graphdef: Any
+    placement: Any
+    _loss: Any
+
+    def evaluate(self, state: TrainState, inputs, targets):
+        if self._loss is None:
+            self._loss = loss_of_params(self.graphdef, self.placement)
+        return self._loss(state.params, inputs, targets)
+
+    def io_table(self) -> str | None:
+        return paged_table(self.tx)
+
+    def close(self) -> None:
+        close_optimizer(self.tx)
+
+
+class PlainStep(_OptaxStep):
     """`make_train_step` as a :class:`jaxoff.step.Step`: one device or an FSDP ``mesh`` (the
     optimizer state sharded with the parameters), the state placed by ``placement``, the
     optimizer paged or not (``tx`` from ``jaxoff.paged``: its state is checkpointed by
@@ -154,19 +175,8 @@ class PlainStep:
     def __call__(self, state: TrainState, inputs, targets):
         return self._step(state, inputs, targets)
 
-    def evaluate(self, state: TrainState, inputs, targets):
-        if self._loss is None:
-            self._loss = loss_of_params(self.graphdef, self.placement)
-        return self._loss(state.params, inputs, targets)
-
-    def io_table(self) -> str | None:
-        return paged_table(self.tx)
-
     def phase_times(self) -> dict[str, float]:
         return {}
-
-    def close(self) -> None:
-        close_optimizer(self.tx)
 
 
 def loss_of_params(graphdef: nnx.GraphDef, placement=None):

@@ -25,11 +25,11 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._plain import close_optimizer, loss_of_params, make_loss_fn, paged_table
+from ._plain import _OptaxStep, make_loss_fn
 from ._state import TrainState
 
 
-class ShardedPagedStep:
+class ShardedPagedStep(_OptaxStep):
     """``step(state, inputs, targets) -> (state, metrics)`` for FSDP with a paged optimizer.
 
     ``state.params`` are global arrays with the shardings of ``placement`` on ``mesh``;
@@ -164,19 +164,8 @@ class ShardedPagedStep:
         }
         return TrainState(step, params, opt_state), {"loss": loss, "grad_norm": norm}
 
-    def evaluate(self, state: TrainState, inputs, targets):
-        if self._loss is None:
-            self._loss = loss_of_params(self.graphdef, self.placement)
-        return self._loss(state.params, inputs, targets)
-
-    def io_table(self) -> str | None:
-        return paged_table(self.tx)
-
     def phase_times(self) -> dict[str, float]:
         return self.split
-
-    def close(self) -> None:
-        close_optimizer(self.tx)
 
 
 def _damaged_processes(mine: bool) -> list[int]:
