@@ -121,3 +121,19 @@ def test_resume_purges_the_steps_run_again(tmp_path):
             starts.append((event.session_log.status, event.step))
         i += 16 + n
     assert starts == [(event_pb2.SessionLog.START, 5)]
+
+
+def test_writer_is_synchronous_each_record_on_disk_when_write_returns(tmp_path):
+    """No thread and no exit hook (a full disk fails in ``write``, inside the loop, where the
+    trainer turns it into its one-line error, not in a flush at exit); each record is in
+    the file when ``write`` returns."""
+    import threading
+
+    before = threading.active_count()
+    w = TensorBoardWriter(tmp_path)
+    assert threading.active_count() == before
+    w.write({"step": 1, "loss": 2.5})
+    assert read_events(tmp_path) == {"learning/loss": {1: 2.5}}
+    w.write({"step": 2, "loss": 2.0})
+    assert read_events(tmp_path)["learning/loss"] == {1: 2.5, 2: 2.0}
+    w.close()

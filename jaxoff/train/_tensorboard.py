@@ -1,14 +1,23 @@
 """TensorBoard event files beside ``metrics.jsonl``: each record's figures under the names
 JAX users look for (``learning/loss``, ``perf/step_time_seconds``, ``offload/...``).
 
-Written through tensorboardX (no TensorFlow needed); ``tensorboard --logdir <out_dir>/tb``
-shows them. Only process 0 writes (its ``metrics.jsonl`` is the run's). TensorBoard keeps
-scalars as float32: a value there is the record's value rounded to float32.
+Written with tensorboardX's event protos and record framing (no TensorFlow needed);
+``tensorboard --logdir <out_dir>/tb`` shows them. Only process 0 writes (its
+``metrics.jsonl`` is the run's). TensorBoard keeps scalars as float32: a value there is the
+record's value rounded to float32.
+
+The writer is synchronous: each record is on disk (fsync) when :meth:`TensorBoardWriter.write`
+returns, and a failure (a full disk) is raised there, in the training loop, where the trainer
+turns it into its one-line error. tensorboardX's own ``SummaryWriter`` writes from a thread
+and flushes again at exit, so a full disk there ends the process with tracebacks.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import socket
+import time
 from pathlib import Path
 
 # the run directory's subfolder that holds the event files
@@ -67,25 +76,45 @@ def scalars(record: dict) -> dict[str, float]:
 
 
 class TensorBoardWriter:
-    """Appends each metrics record to an event file in ``logdir``.
+    """Appends each metrics record to an event file in ``logdir``, synchronously.
 
     ``purge_from``: the first step this run writes; on resume, TensorBoard drops what an
     earlier run wrote from that step on (the steps after the checkpoint are re-run).
     """
 
     def __init__(self, logdir: Path, purge_from: int | None = None):
-        from tensorboardX import SummaryWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.record_writer import RecordWriter
 
         self.logdir = Path(logdir)
-        self._writer = SummaryWriter(str(self.logdir), purge_step=purge_from, flush_secs=10)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        # TensorBoard reads every file whose name holds "tfevents"; the pid keeps two
+        # writers started in the same second apart
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        self.path = self.logdir / name
+        self._records = RecordWriter(str(self.path))
+        self._event = Event
+        events = [Event(wall_time=time.time(), file_version="brain.Event:2")]
+        if purge_from is not None:
+            start = SessionLog(status=SessionLog.START)
+            events.append(Event(wall_time=time.time(), step=purge_from, session_log=start))
+        self._append(events)
 
     def write(self, record: dict) -> None:
-        step = int(record["step"])
-        for name, value in scalars(record).items():
-            self._writer.add_scalar(name, value, step)
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        step, now = int(record["step"]), time.time()
+        values = [Summary.Value(tag=k, simple_value=v) for k, v in scalars(record).items()]
+        if values:
+            self._append([self._event(wall_time=now, step=step, summary=Summary(value=values))])
+
+    def _append(self, events) -> None:
+        for event in events:
+            self._records.write(event.SerializeToString())
+        self._records.flush()  # flush + fsync
 
     def flush(self) -> None:
-        self._writer.flush()
+        self._records.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        self._records.close()
