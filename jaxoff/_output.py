@@ -15,6 +15,8 @@ import time
 
 # columns of a console that writes to a file or pipe: wide enough that no table is cut
 LOG_WIDTH = 10_000
+# seconds of a log's silence before a long part (a compile + run) says it is still running
+HEARTBEAT_S = 30.0
 
 
 def is_terminal(stream) -> bool:
@@ -60,7 +62,10 @@ def duration(seconds: float) -> str:
 class LogProgress:
     """What ``jaxoff compare`` uses of ``rich.progress.Progress`` (``add_task``, ``update``,
     ``advance``), for a log, where a rich bar shows nothing until it ends: a line as each
-    part begins, with its number, how many come after it and the time so far.
+    part begins, with its number, how many come after it and the time so far. While the
+    context is entered, a part that runs longer than ``every`` seconds (one compile + run can
+    take minutes) gets a ``still running`` line every ``every`` seconds, so a log never goes
+    quiet for long.
 
     >>> from rich.console import Console
     >>> with LogProgress("compare", Console(width=200)) as p:
@@ -72,17 +77,31 @@ class LogProgress:
     jaxoff compare [2/2] baseline FLOPs (0 more after it; 0.0s so far)
     """
 
-    def __init__(self, name: str, console):
+    def __init__(self, name: str, console, every: float = HEARTBEAT_S):
         self.name, self.console = name, console
         self.total, self.completed = 0, 0
+        self.every = every
         self._t0 = time.monotonic()
         self._said: str | None = None
+        self._part: tuple[str, int, int, float] | None = None  # what, number, total, began
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __enter__(self):
+        if self.every > 0 and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._beat, name="jaxoff-log-heartbeat", daemon=True
+            )
+            self._thread.start()
         return self
 
     def __exit__(self, *exc):
-        pass
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join()
 
     def add_task(self, description: str, total: float | None = None, **fields) -> int:
         self.total, self.completed = int(total or 0), 0
@@ -99,13 +118,31 @@ class LogProgress:
 
     def line(self, what: str, number: int, total: int) -> None:
         left = max(0, total - number)
-        self.console.print(
-            f"jaxoff {self.name} [{number}/{total}] {what} ({left} more after it; "
-            f"{duration(time.monotonic() - self._t0)} so far)",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        with self._lock:
+            self._part = (what, number, total, time.monotonic())
+            self._print(
+                f"jaxoff {self.name} [{number}/{total}] {what} ({left} more after it; "
+                f"{duration(time.monotonic() - self._t0)} so far)"
+            )
+
+    def _beat(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(min(self.every, 1.0)):
+            now = time.monotonic()
+            with self._lock:
+                if self._part is None:
+                    continue
+                what, number, total, began = self._part
+                if now - max(began, last) < self.every:
+                    continue
+                last = now
+                self._print(
+                    f"jaxoff {self.name} [{number}/{total}] {what}: still running, "
+                    f"{duration(now - began)} in this part ({duration(now - self._t0)} so far)"
+                )
+
+    def _print(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 class Steps:
@@ -126,8 +163,9 @@ class Steps:
             with self.console.status(f"[{self.done}/{self.total}] {what}"):
                 yield
         else:
-            self._log.line(what, self.done, self.total)
-            yield
+            with self._log:  # a part that runs long says so every HEARTBEAT_S
+                self._log.line(what, self.done, self.total)
+                yield
 
 
 class on_termination:  # noqa: N801 - used as a context manager, like contextlib's

@@ -279,13 +279,55 @@ def test_compare_reports_each_measurement_in_a_log():
     assert not isinstance(_progress(terminal), _output.LogProgress)  # the rich bar there
 
 
+def test_a_long_part_says_it_is_still_running_in_a_log():
+    """compare and plan in a log: a part longer than ``every`` seconds gets a line every
+    ``every`` seconds naming it; none after the part ends or the context exits."""
+    import io
+
+    from jaxoff import _output
+
+    log = Console(file=io.StringIO(), width=_output.LOG_WIDTH)
+    with _output.LogProgress("compare", log, every=0.2) as progress:
+        task = progress.add_task("compare", total=2)
+        progress.update(task, description="compile + run full (device)")
+        time.sleep(0.75)
+        progress.advance(task)
+        progress.update(task, description="baseline FLOPs (none)")
+        time.sleep(0.05)  # shorter than every: no heartbeat for this part
+    time.sleep(0.5)  # the thread has stopped: nothing more is written
+    lines = log.file.getvalue().splitlines()
+    beats = [x for x in lines if "still running" in x]
+    assert lines[0].startswith("jaxoff compare [1/2] compile + run full (device) (1 more")
+    assert 2 <= len(beats) <= 4, lines
+    assert all(
+        re.fullmatch(
+            r"jaxoff compare \[1/2\] compile \+ run full \(device\): still running, "
+            r"\S+ in this part \(\S+ so far\)",
+            x,
+        )
+        for x in beats
+    ), beats
+    assert lines[-1].startswith("jaxoff compare [2/2] baseline FLOPs (none)")
+
+    steps = _output.Steps("plan", 1, log)
+    steps._log.every = 0.2
+    log.file.truncate(0), log.file.seek(0)
+    with steps.step("profiling"):
+        time.sleep(0.5)
+    assert any(
+        "jaxoff plan [1/1] profiling: still running" in x for x in log.file.getvalue().splitlines()
+    )
+
+
 @pytest.mark.slow
 def test_plan_reports_each_part_in_a_log(tmp_path, capsys):
     from jaxoff.cli import main
 
     args = ["plan", "--model", "tiny", "--hardware", "rtx4090", "--batch", "4", "--seq", "32"]
     assert main([*args, "--no-price", "--out", str(tmp_path / "plan.json")]) == 0
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("jaxoff plan [")]
+    out = capsys.readouterr().out.splitlines()
+    # a part that runs past HEARTBEAT_S adds "still running" lines (a loaded machine)
+    lines = [x for x in out if x.startswith("jaxoff plan [") and "still running" not in x]
     assert lines[0].startswith(
         "jaxoff plan [1/8] profiling tiny at batch 4 x seq 32 (7 more after it; "
     )
