@@ -171,8 +171,11 @@ void GpuPager::Pump(std::unique_lock<std::mutex>& lock) {
   // H2D copies, in plan order: chunk i goes to ring slot i % ring once take i - ring is
   // enqueued (its D2D out of that slot is ordered before our copy by the slot's `free`).
   std::vector<std::pair<size_t, int>> to_copy;
+  // With call sites, takes may come out of plan order (within the ring): the slot's previous
+  // chunk, i - ring, must be taken, not just "ring takes made".
   const size_t ring = ring_.size();
-  while (!closing_ && next_h2d_ < reads_.size() && next_h2d_ < take_ + ring &&
+  while (!closing_ && next_h2d_ < reads_.size() &&
+         (next_h2d_ < ring || reads_[next_h2d_ - ring].state == ReadState::kTaken) &&
          reads_[next_h2d_].state == ReadState::kRead) {
     Read& r = reads_[next_h2d_];
     r.state = ReadState::kCopying;
@@ -239,7 +242,8 @@ void GpuPager::Pump(std::unique_lock<std::mutex>& lock) {
       }
     }
     if (!to_copy.empty()) {
-      stats_.max_h2d_ahead = std::max<int>(stats_.max_h2d_ahead, static_cast<int>(next_h2d_ - take_));
+      stats_.max_h2d_ahead =
+          std::max<int>(stats_.max_h2d_ahead, static_cast<int>(next_h2d_ - low_take_));
     }
   }
   Kick();
@@ -264,7 +268,8 @@ void GpuPager::OnReadDone(uint64_t gen, size_t index, int arena, const IoStatus&
       r.status = Failed("checksum mismatch in " + Where(ref) + ": expected crc32c " +
                         Hex(it->second) + ", read " + Hex(st.crc32c) +
                         ". The page file is corrupt or was written by a crashed run; restore "
-                        "the store from the last checkpoint (resume), or delete it to start over");
+                        "the store from the last checkpoint (resume), or delete it to start over",
+                        EBADMSG);
     }
   }
   if (r.status.ok()) {
@@ -313,20 +318,78 @@ void GpuPager::MaybeCommit(std::unique_lock<std::mutex>& lock) {
   Kick();
 }
 
-IoStatus GpuPager::Begin(StepPlan plan) {
+std::string GpuPager::PlanProblem(const StepPlan& plan) const {
   for (const ChunkRef& r : plan.reads) {
     if (r.bytes > config_.slot_bytes) {
-      return Failed("plan reads " + Where(r) + ", more than slot_bytes=" +
-                    std::to_string(config_.slot_bytes) + ": raise the pager's slot size",
-                    EINVAL);
+      return "plan reads " + Where(r) + ", more than slot_bytes=" +
+             std::to_string(config_.slot_bytes) + ": raise the pager's slot size";
     }
   }
   for (const ChunkRef& r : plan.writes) {
     if (r.bytes > config_.slot_bytes) {
-      return Failed("plan writes " + Where(r) + ", more than slot_bytes=" +
-                    std::to_string(config_.slot_bytes) + ": raise the pager's slot size",
-                    EINVAL);
+      return "plan writes " + Where(r) + ", more than slot_bytes=" +
+             std::to_string(config_.slot_bytes) + ": raise the pager's slot size";
     }
+  }
+  if (!plan.read_sites.empty() && plan.read_sites.size() != plan.reads.size()) {
+    return "plan has " + std::to_string(plan.reads.size()) + " reads but " +
+           std::to_string(plan.read_sites.size()) + " read sites (one per read, or none)";
+  }
+  if (!plan.write_sites.empty() && plan.write_sites.size() != plan.writes.size()) {
+    return "plan has " + std::to_string(plan.writes.size()) + " writes but " +
+           std::to_string(plan.write_sites.size()) + " write sites (one per write, or none)";
+  }
+  return "";
+}
+
+GpuPager::Schedule GpuPager::SitesOf(const std::vector<int>& sites, size_t n) {
+  Schedule out;
+  for (size_t i = 0; i < n; ++i) out[sites.empty() ? 0 : sites[i]].push_back(i);
+  return out;
+}
+
+void GpuPager::RegisterPlan(int64_t id, StepPlan plan) {
+  const std::string problem = PlanProblem(plan);
+  if (!problem.empty()) {
+    throw std::invalid_argument("plan " + std::to_string(id) + ": " + problem);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  plans_[id] = std::move(plan);
+}
+
+bool GpuPager::HasPlan(int64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plans_.count(id) != 0;
+}
+
+int64_t GpuPager::plan_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plan_id_;
+}
+
+IoStatus GpuPager::Begin(int64_t plan_id) {
+  StepPlan plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plans_.find(plan_id);
+    if (it == plans_.end()) {
+      return Failed("page_begin names plan " + std::to_string(plan_id) +
+                    ", which is not registered with this pager (register the step's plan "
+                    "before running it)", EINVAL);
+    }
+    plan = it->second;
+  }
+  IoStatus st = Begin(std::move(plan));
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan_id_ = plan_id;
+  }
+  return st;
+}
+
+IoStatus GpuPager::Begin(StepPlan plan) {
+  if (const std::string problem = PlanProblem(plan); !problem.empty()) {
+    return Failed(problem, EINVAL);
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (active_) failed_ = true;  // the previous step never reached Commit: it was aborted
@@ -353,8 +416,14 @@ IoStatus GpuPager::Begin(StepPlan plan) {
   ++gen_;
   ++stats_.steps_begun;
   plan_ = std::move(plan);
+  plan_id_ = -1;
+  take_sites_ = SitesOf(plan_.read_sites, plan_.reads.size());
+  put_sites_ = SitesOf(plan_.write_sites, plan_.writes.size());
+  take_cursor_.clear();
+  put_cursor_.clear();
+  step_puts_.clear();
   reads_.assign(plan_.reads.size(), Read{});
-  next_read_ = next_h2d_ = take_ = put_ = 0;
+  next_read_ = next_h2d_ = take_ = put_ = low_take_ = 0;
   failed_ = false;
   step_crcs_.clear();
   active_ = true;
@@ -362,20 +431,39 @@ IoStatus GpuPager::Begin(StepPlan plan) {
   return {};
 }
 
-IoStatus GpuPager::Take(DeviceOps::Stream stream, void* dst, size_t bytes) {
+IoStatus GpuPager::Take(int site, DeviceOps::Stream stream, void* dst, size_t bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!active_) return Failed("take outside a step: call Begin first", EINVAL);
-  const size_t i = take_;
-  if (i >= plan_.reads.size()) {
+  const std::string who = "take #" + std::to_string(take_cursor_[site] + 1) + " of site " +
+                          std::to_string(site);
+  auto sched = take_sites_.find(site);
+  const size_t planned = sched == take_sites_.end() ? 0 : sched->second.size();
+  const size_t k = take_cursor_[site];
+  if (k >= planned) {
     failed_ = true;
-    return Failed("take #" + std::to_string(i + 1) + " but the step's plan has " +
-                  std::to_string(plan_.reads.size()) + " reads", EINVAL);
+    return Failed(who + " but the step's plan gives that site " + std::to_string(planned) +
+                  " reads", EINVAL);
   }
+  const size_t i = sched->second[k];
   const ChunkRef ref = plan_.reads[i];
   if (bytes != ref.bytes) {
     failed_ = true;
-    return Failed("take #" + std::to_string(i + 1) + " wants " + std::to_string(bytes) +
-                  " bytes but the plan reads " + Where(ref), EINVAL);
+    return Failed(who + " wants " + std::to_string(bytes) + " bytes but the plan reads " +
+                  Where(ref), EINVAL);
+  }
+  if (i >= low_take_ + ring_.size()) {
+    // Its H2D copy needs ring slot i % ring, which chunk i - ring holds until taken, and
+    // that take comes later in this thread's call order: waiting would never end.
+    failed_ = true;
+    return Failed(who + " is plan read " + std::to_string(i) + " but plan read " +
+                  std::to_string(low_take_) + " is not taken yet, more than the ring's " +
+                  std::to_string(ring_.size()) + " slots before it: the calls do not follow "
+                  "the plan's read order", EINVAL);
+  }
+  if (step_puts_.count({ref.file, ref.offset}) != 0) {
+    failed_ = true;
+    return Failed(who + " reads " + Where(ref) + ", which this step already wrote: the read "
+                  "ahead may predate the write; read it in the next step", EINVAL);
   }
   Read& r = reads_[i];
   auto here = [&] { return r.state == ReadState::kOnDevice || r.state == ReadState::kFailed; };
@@ -401,26 +489,33 @@ IoStatus GpuPager::Take(DeviceOps::Stream stream, void* dst, size_t bytes) {
   }
   lock.lock();
   r.state = ReadState::kTaken;
+  while (low_take_ < reads_.size() && reads_[low_take_].state == ReadState::kTaken) ++low_take_;
+  ++take_cursor_[site];
   ++take_;
   ++stats_.takes;
   Kick();
   return {};
 }
 
-IoStatus GpuPager::Put(DeviceOps::Stream stream, const void* src, size_t bytes) {
+IoStatus GpuPager::Put(int site, DeviceOps::Stream stream, const void* src, size_t bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!active_) return Failed("put outside a step: call Begin first", EINVAL);
-  const size_t j = put_;
-  if (j >= plan_.writes.size()) {
+  const std::string who = "put #" + std::to_string(put_cursor_[site] + 1) + " of site " +
+                          std::to_string(site);
+  auto sched = put_sites_.find(site);
+  const size_t planned = sched == put_sites_.end() ? 0 : sched->second.size();
+  const size_t k = put_cursor_[site];
+  if (k >= planned) {
     failed_ = true;
-    return Failed("put #" + std::to_string(j + 1) + " but the step's plan has " +
-                  std::to_string(plan_.writes.size()) + " writes", EINVAL);
+    return Failed(who + " but the step's plan gives that site " + std::to_string(planned) +
+                  " writes", EINVAL);
   }
+  const size_t j = sched->second[k];
   const ChunkRef ref = plan_.writes[j];
   if (bytes != ref.bytes) {
     failed_ = true;
-    return Failed("put #" + std::to_string(j + 1) + " has " + std::to_string(bytes) +
-                  " bytes but the plan writes " + Where(ref), EINVAL);
+    return Failed(who + " has " + std::to_string(bytes) + " bytes but the plan writes " +
+                  Where(ref), EINVAL);
   }
   const int wi = static_cast<int>(j % wslots_.size());
   WriteSlot& w = wslots_[wi];
@@ -433,6 +528,8 @@ IoStatus GpuPager::Put(DeviceOps::Stream stream, const void* src, size_t bytes) 
   w.state = WriteState::kCopying;
   w.ref = ref;
   w.step = gen_;
+  ++put_cursor_[site];
+  step_puts_.insert({ref.file, ref.offset});
   ++put_;
   ++writes_pending_;
   ++stats_.puts;
@@ -487,6 +584,18 @@ bool GpuPager::Checksum(const ChunkRef& ref, uint32_t* crc) const {
   if (it == crcs_.end()) return false;
   *crc = it->second;
   return true;
+}
+
+size_t GpuPager::TakeCursor(int site) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = take_cursor_.find(site);
+  return it == take_cursor_.end() ? 0 : it->second;
+}
+
+size_t GpuPager::PutCursor(int site) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = put_cursor_.find(site);
+  return it == put_cursor_.end() ? 0 : it->second;
 }
 
 uint64_t GpuPager::committed_step() const {

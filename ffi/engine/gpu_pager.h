@@ -37,6 +37,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -78,9 +80,21 @@ class EngineChunkIo final : public ChunkIo {
   std::vector<std::shared_ptr<File>> files_;
 };
 
+// The chunks one step moves, fixed at trace time (jaxoff.optim.StepPlan on the Python side):
+// the reads in the order the pager reads them ahead, the writes in put order.
+//
+// Call sites: a paging call in a traced program is one site (an XLA custom call, run
+// `trip_count` times inside a scan). The handler passes its site id, an attribute, and the
+// pager keeps one cursor per site: site s's k-th take in a step consumes the k-th read whose
+// site is s. So a handler never reads a device buffer (a step counter, a chunk index) to know
+// what it moves: the plan and a host-side cursor advanced per call say it, and Begin resets
+// every cursor. Without sites (empty `read_sites`), every read is site 0's, in plan order;
+// likewise for writes.
 struct StepPlan {
-  std::vector<ChunkRef> reads;   // in take order
+  std::vector<ChunkRef> reads;   // in read-ahead order
   std::vector<ChunkRef> writes;  // in put order
+  std::vector<int> read_sites;   // empty, or one site per read
+  std::vector<int> write_sites;  // empty, or one site per write
 };
 
 struct PagerConfig {
@@ -121,17 +135,41 @@ class GpuPager {
   GpuPager(const GpuPager&) = delete;
   GpuPager& operator=(const GpuPager&) = delete;
 
+  // Keeps `plan` under `id` (a page_begin call names it by this id; registering an id again
+  // replaces it from the next Begin). Throws std::invalid_argument for a plan the pager
+  // cannot run (a chunk larger than slot_bytes, sites not one per chunk).
+  void RegisterPlan(int64_t id, StepPlan plan);
+  bool HasPlan(int64_t id) const;
+
   // Starts step `plan` (kept by the pager): waits on the host for the previous step's writes
   // and commit, returns their first error if any (the plan is not started; the next Begin
   // is), else resets the cursors and starts reading ahead.
   IoStatus Begin(StepPlan plan);
-  // The next planned read into device memory `dst` (`bytes` must match the plan), ordered on
-  // `stream` (XLA's): enqueues a wait, a D2D copy and an event record, and returns.
-  IoStatus Take(DeviceOps::Stream stream, void* dst, size_t bytes);
-  // The next planned write from device memory `src`, ordered on `stream`.
-  IoStatus Put(DeviceOps::Stream stream, const void* src, size_t bytes);
+  // The same for a registered plan (EINVAL if `id` is unknown).
+  IoStatus Begin(int64_t plan_id);
+  // The plan id of the step begun last (-1 for a plan passed by value, or none yet).
+  int64_t plan_id() const;
+
+  // Site `site`'s next planned read into device memory `dst` (`bytes` must match the plan),
+  // ordered on `stream` (XLA's): enqueues a wait, a D2D copy and an event record, and returns.
+  // It waits on the host only for its chunk's disk read. A take more than `ring_slots` reads
+  // ahead of the first read not yet taken fails at once (the calls do not follow the plan's
+  // order, and waiting would deadlock).
+  IoStatus Take(int site, DeviceOps::Stream stream, void* dst, size_t bytes);
+  IoStatus Take(DeviceOps::Stream stream, void* dst, size_t bytes) {
+    return Take(0, stream, dst, bytes);
+  }
+  // Site `site`'s next planned write from device memory `src`, ordered on `stream`.
+  IoStatus Put(int site, DeviceOps::Stream stream, const void* src, size_t bytes);
+  IoStatus Put(DeviceOps::Stream stream, const void* src, size_t bytes) {
+    return Put(0, stream, src, bytes);
+  }
   // Ends the step and returns at once; the step commits once its writes are done.
   IoStatus Commit();
+
+  // Calls site `site` has made in the current step (reset by Begin).
+  size_t TakeCursor(int site) const;
+  size_t PutCursor(int site) const;
 
   // Expected crc32c of a chunk (verified after its read); a committed write sets it too.
   void SetChecksum(const ChunkRef& ref, uint32_t crc);
@@ -171,6 +209,11 @@ class GpuPager {
                uint64_t* wait_ns);
   void NoteError(const IoStatus& st);
   void Kick();  // under mu_
+  // Checks a plan against the config (empty string if it can run).
+  std::string PlanProblem(const StepPlan& plan) const;
+  // Per site, the plan indices it consumes, in order.
+  using Schedule = std::map<int, std::vector<size_t>>;
+  static Schedule SitesOf(const std::vector<int>& sites, size_t n);
 
   DeviceOps* ops_;
   ChunkIo* io_;
@@ -188,6 +231,12 @@ class GpuPager {
   std::vector<int> free_arena_;
   uint64_t gen_ = 0;  // step number; reads of an older step are dropped when they complete
   StepPlan plan_;
+  int64_t plan_id_ = -1;
+  std::map<int64_t, StepPlan> plans_;  // registered plans
+  Schedule take_sites_, put_sites_;    // this step's per-site schedules
+  std::map<int, size_t> take_cursor_, put_cursor_;  // per site: calls made this step
+  size_t low_take_ = 0;  // first plan read not yet taken
+  std::set<std::pair<int, uint64_t>> step_puts_;  // (file, offset) put this step
   bool active_ = false;  // Begin succeeded, Commit not yet called
   bool ended_ = false;   // Commit called for step gen_
   bool failed_ = false;  // step gen_ saw an error: it never commits
@@ -197,8 +246,8 @@ class GpuPager {
   std::vector<Read> reads_;
   size_t next_read_ = 0;   // next plan read to start
   size_t next_h2d_ = 0;    // next plan read to copy to the ring
-  size_t take_ = 0;        // take cursor
-  size_t put_ = 0;         // put cursor
+  size_t take_ = 0;        // takes made this step (all sites)
+  size_t put_ = 0;         // puts made this step (all sites)
   int reads_in_flight_ = 0;  // disk reads of any step
   int arena_pending_ = 0;    // arena slots held by H2D copies not yet run
   int writes_pending_ = 0;   // puts of any step whose write is not done

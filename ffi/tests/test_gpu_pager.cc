@@ -6,6 +6,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -541,6 +542,220 @@ TEST(ASlowDiskAndAFastDeviceStillDeliverEverything) {
   });
 }
 
+
+// ---- Host-side paging metadata: per-site cursors, registered plans, call-time ordering. ----
+
+TEST(TakeAndPutReturnBeforeTheirCopiesRunAndTheCommitComesAfterThem) {
+  // Device copies take 200 ms; every handler-side call returns once its work is enqueued,
+  // and the commit runs only after the D2H copies and the disk writes.
+  Within(120, "asynchronous calls", [] {
+    RigOptions o;
+    o.delays = {microseconds(0), microseconds(200000), microseconds(200000)};
+    o.read_delay = microseconds(0);
+    o.write_delay = microseconds(0);
+    Rig r(o);
+    StepPlan plan{Chunks(0, 1), Chunks(1, 1)};
+    auto want = Seed(r.io, plan.reads, 20);
+    auto data = RandomBytes(plan.writes[0].bytes, 2000);
+    std::atomic<uint64_t> d2h_at_commit{0};
+    std::atomic<bool> disk_at_commit{false};
+    r.on_commit = [&](uint64_t) -> IoStatus {
+      d2h_at_commit = r.ops.Stats().copies[static_cast<int>(CopyKind::kDeviceToHost)];
+      disk_at_commit = r.io.Get(1, plan.writes[0].offset, plan.writes[0].bytes) == data;
+      return {};
+    };
+    CHECK(r.pager->Begin(plan).ok());
+    // The chunk reaches the device ring before the take (no host wait in it).
+    CHECK(Eventually([&] {
+      return r.ops.Stats().copies[static_cast<int>(CopyKind::kHostToDevice)] == 1;
+    }));
+    void* dst = r.ops.AllocDevice(plan.reads[0].bytes);
+    void* src = r.ops.AllocDevice(plan.writes[0].bytes);
+    std::memcpy(src, data.data(), data.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(r.pager->Take(r.xla, dst, plan.reads[0].bytes).ok());
+    CHECK(r.pager->Put(r.xla, src, plan.writes[0].bytes).ok());
+    CHECK(r.pager->Commit().ok());
+    const auto spent = std::chrono::steady_clock::now() - t0;
+    // Returned before the first 200 ms copy could finish: nothing was waited for.
+    CHECK_EQ(r.ops.Stats().copies[static_cast<int>(CopyKind::kDeviceToDevice)], uint64_t{0});
+    CHECK(spent < milliseconds(150));
+    CHECK(r.Commits().empty());
+    r.ops.SynchronizeStream(r.xla);
+    CHECK(std::memcmp(dst, want[0].data(), want[0].size()) == 0);
+    CHECK(r.pager->Begin(StepPlan{}).ok());  // waits for the step's commit
+    CHECK_EQ(r.Commits().size(), size_t{1});
+    CHECK_EQ(d2h_at_commit.load(), uint64_t{1});
+    CHECK(disk_at_commit.load());
+    CHECK_EQ(r.ops.Stats().hazards, uint64_t{0});
+    r.ops.FreeDevice(dst);
+    r.ops.FreeDevice(src);
+  });
+}
+
+TEST(AReadInTheNextStepSeesTheBytesThisStepWrote) {
+  // Each step reads chunks and writes them back changed (an optimizer's state); the disk is
+  // slow and the next Begin comes at once: every read sees the previous step's bytes.
+  Within(120, "read after write", [] {
+    RigOptions o;
+    o.write_delay = microseconds(5000);
+    o.delays = {microseconds(200), microseconds(3000), microseconds(100)};
+    Rig r(o);
+    const auto refs = Chunks(0, 6);
+    StepPlan plan{refs, refs};
+    auto prev = Seed(r.io, refs, 21);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<std::vector<char>> data;
+      for (size_t i = 0; i < refs.size(); ++i) {
+        data.push_back(RandomBytes(refs[i].bytes, 2100 + 10 * step + i));
+      }
+      StepResult res = RunStep(r, plan, data);
+      CHECK(res.begin.ok());
+      CHECK(res.first_error.ok());
+      CHECK(res.commit.ok());
+      CHECK_EQ(res.got.size(), refs.size());
+      for (size_t i = 0; i < res.got.size(); ++i) CHECK(res.got[i] == prev[i]);
+      prev = data;
+    }
+    CHECK(r.pager->Begin(StepPlan{}).ok());
+    CHECK_EQ(r.Commits().size(), size_t{4});
+    CHECK_EQ(r.ops.Stats().hazards, uint64_t{0});
+  });
+}
+
+TEST(EachSiteHasItsOwnCursorWhichRestartsEveryStep) {
+  // Two take sites and two put sites, as two paging calls in a scanned layer would be: the
+  // plan interleaves them (site 0 on file 0, site 1 on file 2), the calls come site 1 first,
+  // within the ring. Each call's chunk is its site's next one, whatever the other site did.
+  Within(120, "sites", [] {
+    RigOptions o;
+    o.config.ring_slots = 2;
+    Rig r(o);
+    StepPlan plan;
+    for (int c = 0; c < 4; ++c) {
+      for (int site = 0; site < 2; ++site) {
+        plan.reads.push_back({2 * site, c * kStride, SizeOf(c + site)});
+        plan.read_sites.push_back(site);
+        plan.writes.push_back({2 * site + 1, c * kStride, SizeOf(c + site)});
+        plan.write_sites.push_back(site);
+      }
+    }
+    auto want = Seed(r.io, plan.reads, 22);
+    for (int step = 0; step < 2; ++step) {
+      CHECK(r.pager->Begin(plan).ok());
+      CHECK_EQ(r.pager->TakeCursor(0), size_t{0});
+      CHECK_EQ(r.pager->TakeCursor(1), size_t{0});
+      CHECK_EQ(r.pager->PutCursor(1), size_t{0});
+      std::vector<void*> bufs;
+      std::vector<size_t> index;
+      for (int c = 0; c < 4; ++c) {
+        for (int site : {1, 0}) {
+          const size_t i = static_cast<size_t>(2 * c + site);
+          void* d = r.ops.AllocDevice(plan.reads[i].bytes);
+          bufs.push_back(d);
+          index.push_back(i);
+          CHECK(r.pager->Take(site, r.xla, d, plan.reads[i].bytes).ok());
+          CHECK_EQ(r.pager->TakeCursor(site), static_cast<size_t>(c + 1));
+          CHECK(r.pager->Put(site, r.xla, d, plan.writes[i].bytes).ok());
+          CHECK_EQ(r.pager->PutCursor(site), static_cast<size_t>(c + 1));
+        }
+      }
+      CHECK(r.pager->Commit().ok());
+      r.ops.SynchronizeStream(r.xla);
+      for (size_t k = 0; k < bufs.size(); ++k) {
+        CHECK(std::memcmp(bufs[k], want[index[k]].data(), want[index[k]].size()) == 0);
+      }
+      CHECK(r.pager->Begin(StepPlan{}).ok());  // the writes are on disk
+      CHECK(r.pager->Commit().ok());
+      for (size_t i = 0; i < plan.writes.size(); ++i) {
+        CHECK(r.io.Get(plan.writes[i].file, plan.writes[i].offset, plan.writes[i].bytes) ==
+              want[i]);
+      }
+      for (void* b : bufs) r.ops.FreeDevice(b);
+    }
+    CHECK_EQ(r.ops.Stats().hazards, uint64_t{0});
+    CHECK_EQ(r.pager->Stats().takes, uint64_t{16});
+  });
+}
+
+TEST(ATakeTooFarAheadOfThePlanFailsAtOnceInsteadOfHanging) {
+  Within(60, "out of order", [] {
+    RigOptions o;
+    o.config.ring_slots = 2;
+    Rig r(o);
+    StepPlan plan{Chunks(0, 6), {}, {0, 0, 0, 1, 1, 1}, {}};
+    Seed(r.io, plan.reads, 23);
+    CHECK(r.pager->Begin(plan).ok());
+    void* d = r.ops.AllocDevice(kStride);
+    IoStatus st = r.pager->Take(1, r.xla, d, plan.reads[3].bytes);
+    CHECK(!st.ok());
+    CHECK_CONTAINS(st.message, "take #1 of site 1 is plan read 3 but plan read 0 is not taken");
+    CHECK_CONTAINS(st.message, "do not follow the plan's read order");
+    CHECK_CONTAINS(r.pager->Take(2, r.xla, d, 4096).message,
+                   "take #1 of site 2 but the step's plan gives that site 0 reads");
+    // The failed step never commits; the next one runs in plan order.
+    StepResult ok = RunStep(r, StepPlan{Chunks(0, 3), {}}, {});
+    CHECK(ok.commit.ok());
+    CHECK(r.pager->Begin(StepPlan{}).ok());
+    CHECK_EQ(r.Commits().size(), size_t{1});
+    r.ops.SynchronizeStream(r.xla);
+    r.ops.FreeDevice(d);
+  });
+}
+
+TEST(APageReadOfAChunkThisStepAlreadyWroteIsRefused) {
+  Within(60, "read after write in one step", [] {
+    Rig r;
+    const auto refs = Chunks(0, 1);
+    StepPlan plan{refs, refs};
+    Seed(r.io, refs, 24);
+    CHECK(r.pager->Begin(plan).ok());
+    void* d = r.ops.AllocDevice(refs[0].bytes);
+    CHECK(r.pager->Put(r.xla, d, refs[0].bytes).ok());
+    IoStatus st = r.pager->Take(r.xla, d, refs[0].bytes);
+    CHECK_CONTAINS(st.message, "which this step already wrote");
+    r.ops.SynchronizeStream(r.xla);
+    CHECK(r.pager->Begin(StepPlan{}).ok());
+    CHECK(r.Commits().empty());
+    r.ops.FreeDevice(d);
+  });
+}
+
+TEST(RegisteredPlansAreBegunByIdAndCheckedWhenRegistered) {
+  Within(60, "plan ids", [] {
+    Rig r;
+    StepPlan plan{Chunks(0, 3), {}};
+    auto want = Seed(r.io, plan.reads, 25);
+    r.pager->RegisterPlan(7, plan);
+    CHECK(r.pager->HasPlan(7));
+    CHECK(!r.pager->HasPlan(8));
+    CHECK_EQ(r.pager->plan_id(), int64_t{-1});
+    CHECK(r.pager->Begin(int64_t{7}).ok());
+    CHECK_EQ(r.pager->plan_id(), int64_t{7});
+    std::vector<void*> dst;
+    for (size_t i = 0; i < 3; ++i) {
+      dst.push_back(r.ops.AllocDevice(plan.reads[i].bytes));
+      CHECK(r.pager->Take(r.xla, dst.back(), plan.reads[i].bytes).ok());
+    }
+    CHECK(r.pager->Commit().ok());
+    CHECK_CONTAINS(r.pager->Begin(int64_t{8}).message, "plan 8, which is not registered");
+    std::string thrown;
+    try {
+      r.pager->RegisterPlan(9, StepPlan{Chunks(0, 2), {}, {0}, {}});
+    } catch (const std::invalid_argument& e) {
+      thrown = e.what();
+    }
+    CHECK_CONTAINS(thrown, "plan 9: plan has 2 reads but 1 read sites");
+    CHECK(!r.pager->HasPlan(9));
+    r.ops.SynchronizeStream(r.xla);
+    for (size_t i = 0; i < 3; ++i) {
+      CHECK(std::memcmp(dst[i], want[i].data(), want[i].size()) == 0);
+      r.ops.FreeDevice(dst[i]);
+    }
+    CHECK(r.pager->Begin(StepPlan{}).ok());
+    CHECK_EQ(r.Commits().size(), size_t{1});
+  });
+}
 }  // namespace
 
 namespace {
