@@ -586,6 +586,11 @@ bool GpuPager::Checksum(const ChunkRef& ref, uint32_t* crc) const {
   return true;
 }
 
+GpuPager::Crcs GpuPager::Checksums() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return crcs_;
+}
+
 size_t GpuPager::TakeCursor(int site) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = take_cursor_.find(site);

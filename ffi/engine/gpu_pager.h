@@ -174,6 +174,7 @@ class GpuPager {
   // Expected crc32c of a chunk (verified after its read); a committed write sets it too.
   void SetChecksum(const ChunkRef& ref, uint32_t crc);
   bool Checksum(const ChunkRef& ref, uint32_t* crc) const;
+  Crcs Checksums() const;  // every checksum held
   uint64_t committed_step() const;
   PagerStats Stats() const;
 

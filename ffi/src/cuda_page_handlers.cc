@@ -499,6 +499,7 @@ ffi::ErrorOr<std::unique_ptr<CudaPageState>> PageFlushInstantiateImpl(std::strin
 
 void BindHostApi(const host_api::Api* api) { g_api.store(api); }
 bool HostApiBound() { return g_api.load() != nullptr; }
+const host_api::Api* BoundHostApi() { return g_api.load(); }
 XLA_FFI_TypeId* CudaPageStateTypeId() { return &CudaPageState::id; }
 const XLA_FFI_TypeInfo* CudaPageStateTypeInfo() { return &kCudaPageStateTypeInfo; }
 size_t PinnedBytesHeld() { return PinnedPool::Get().held(); }

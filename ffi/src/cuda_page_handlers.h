@@ -15,6 +15,7 @@ namespace jaxoff::cuda_handlers {
 // Binds the host half (jaxoff._ffi's table); must happen before any program instantiates.
 void BindHostApi(const host_api::Api* api);
 bool HostApiBound();
+const host_api::Api* BoundHostApi();  // nullptr until bound
 
 // State type (one per call site): the file table, resolved when the executable is instantiated.
 XLA_FFI_TypeId* CudaPageStateTypeId();
