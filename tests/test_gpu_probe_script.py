@@ -94,3 +94,14 @@ def test_smoke_fuyou_probes_run_in_child_processes(tmp_path):
     assert fuyou["engine"] and "read_bytes" in json.dumps(fuyou["engine"])
     assert fuyou["gpu_busy_s"] is None  # no GPU plane in a CPU trace
     assert rec["step_ratio_fuyou_over_plain"] > 0
+
+
+def test_smoke_gpu_pager_section_lowers_the_pager_steps_without_a_gpu(tmp_path):
+    r, out = run(tmp_path, "--smoke", "--sections", "gpu_pager")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sections"] == {"gpu_pager": "ok"}, summary
+    rec = json.loads((out / "gpu_pager.json").read_text())
+    assert rec["skipped"].startswith("no GPU (cpu)")
+    assert rec["lowering"]["operands"]["jaxoff_gpu_page_out"] == [2]
+    assert rec["lowering"]["callbacks"] == 0

@@ -210,3 +210,33 @@ def test_a_pager_without_a_device_or_a_table_fails_with_one_line(cuda_module, tm
         assert "cuda" in msg.lower()
     finally:
         unregister_file_table(name, reg)
+
+
+def test_the_probe_steps_lower_for_cuda_with_attributes_and_tokens_only():
+    """bench/gpu/pager_probe.py's steps on the pager's targets, exported for CUDA on this CPU
+    machine: each call's operands are its token (and page_out's tensor), its metadata
+    attributes, and the steps hold no host callback."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "pager_probe", ROOT / "bench" / "gpu" / "pager_probe.py"
+    )
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    low = probe.pager_lowering(elems=256, n=3)
+    assert low["operands"] == {
+        "jaxoff_gpu_page_begin": [1, 1],  # one per step, the token
+        "jaxoff_gpu_page_take": [1],  # one site inside the scan
+        "jaxoff_gpu_page_out": [2],
+        "jaxoff_gpu_page_commit": [1, 1],
+    }
+    site = [("plan", "site", "table")]
+    step = [("plan", "table")]
+    assert low["attributes"] == {
+        "jaxoff_gpu_page_begin": step,
+        "jaxoff_gpu_page_take": site,
+        "jaxoff_gpu_page_out": site,
+        "jaxoff_gpu_page_commit": step,
+    }
+    assert low["callbacks"] == 0

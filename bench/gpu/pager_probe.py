@@ -12,6 +12,11 @@ them all, with the commit, the device, the driver and the versions):
               figure is compared with.
   handlers    today's paging calls: a lax.scan of page_prefetch + page_take of 4 KiB (us a
               call), the same at 16 MiB (GB/s), and write-behind page_out at 16 MiB (GB/s).
+  gpu_pager   the GPU pager's own calls (jaxoff_gpu_page_begin/_take/_out/_commit, which never
+              wait for the GPU): a step of page_out of 32 chunks of 16 MiB, then a step taking
+              them back, checked bitwise, with host and device time and the pager's counters.
+              Without a GPU (--smoke) it only lowers the two steps for CUDA and counts their
+              calls and operands.
   xla_facts   what the GPU pager's design relies on, from a debug FFI target compiled here
               (ffi/src/probe_mark_handler.cc): a new run id per execution, calls in site order
               inside a scan, and whether XLA's thread runs ahead of the GPU (host time of each
@@ -240,6 +245,157 @@ def handlers(a, dev, store: str) -> dict:
         }
     finally:
         unregister_file_table("probe")
+        os.unlink(path)
+    return rec
+
+
+# ---- the GPU pager's calls --------------------------------------------------------------
+
+PAGER_TARGETS = (
+    "jaxoff_gpu_page_begin",
+    "jaxoff_gpu_page_take",
+    "jaxoff_gpu_page_out",
+    "jaxoff_gpu_page_commit",
+)
+
+
+def pager_steps(table: str, elems: int, n: int, write_plan: int = 1, read_plan: int = 2):
+    """Two jitted steps on the GPU pager's targets: ``write(xs)`` puts the ``n`` rows of
+    ``xs`` (float32[n, elems]) from one site inside a scan, ``read()`` takes ``n`` such chunks
+    back from one site. Which chunk each call moves is the registered plan's business: the
+    calls carry only attributes and a token."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    tok = jax.ShapeDtypeStruct((), jnp.int32)
+
+    def call(name, results, *args, **attrs):
+        attrs = {k: np.int64(v) for k, v in attrs.items()}
+        return jax.ffi.ffi_call(name, results, has_side_effect=True)(*args, table=table, **attrs)
+
+    def write(xs):
+        t = call("jaxoff_gpu_page_begin", tok, jnp.zeros((), jnp.int32), plan=write_plan)
+
+        def body(t, x):
+            return call("jaxoff_gpu_page_out", tok, x, t, plan=write_plan, site=0), None
+
+        t = jax.lax.scan(body, t, xs)[0]
+        return call("jaxoff_gpu_page_commit", tok, t, plan=write_plan)
+
+    def read():
+        t = call("jaxoff_gpu_page_begin", tok, jnp.zeros((), jnp.int32), plan=read_plan)
+        chunk = jax.ShapeDtypeStruct((elems,), jnp.float32)
+
+        def body(t, _):
+            y, t = call("jaxoff_gpu_page_take", (chunk, tok), t, plan=read_plan, site=0)
+            return t, y
+
+        t, ys = jax.lax.scan(body, t, None, length=n)
+        return ys, call("jaxoff_gpu_page_commit", tok, t, plan=read_plan)
+
+    return jax.jit(write), jax.jit(read)
+
+
+def pager_lowering(elems: int = 1024, n: int = 4) -> dict:
+    """The two steps lowered for CUDA (no GPU needed): per target, its calls and the operand
+    count of each; and how many host callbacks the steps hold (none)."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    write, read = pager_steps("lowering", elems, n)
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in PAGER_TARGETS]
+    text = ""
+    for fn, args in ((write, (jax.ShapeDtypeStruct((n, elems), jnp.float32),)), (read, ())):
+        text += export.export(fn, platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
+    calls: dict = {t: [] for t in PAGER_TARGETS}
+    attrs: dict = {t: set() for t in PAGER_TARGETS}
+    for m in re.finditer(r"stablehlo\.custom_call @(\w+)\(([^)]*)\)([^\n]*)", text):
+        if m.group(1) in calls:
+            calls[m.group(1)].append(len([o for o in m.group(2).split(",") if o.strip()]))
+            config = re.search(r"mhlo\.backend_config = \{([^}]*)\}", m.group(3))
+            names = re.findall(r"(\w+) = ", config.group(1)) if config else []
+            attrs[m.group(1)].add(tuple(sorted(names)))
+    return {
+        "operands": calls,
+        "attributes": {t: sorted(v) for t, v in attrs.items()},
+        "callbacks": text.count("callback"),
+    }
+
+
+def gpu_pager(a, dev, store: str) -> dict:
+    import jax
+    import numpy as np
+
+    from jaxoff import _ffi
+    from jaxoff.aio import (
+        EngineConfig,
+        _cuda,
+        _ffi_calls,
+        register_file_table,
+        unregister_file_table,
+    )
+
+    rec: dict = {"lowering": pager_lowering()}
+    if dev.platform != "gpu":
+        rec["skipped"] = f"no GPU ({dev.platform}): the pager's calls run only on CUDA"
+        return rec
+    mod = _cuda.module()
+    if mod is None:
+        raise RuntimeError(_cuda.missing_reason())
+    _ffi_calls.register_targets()
+    mod.bind_host_api(_ffi.host_paging_api())
+    for name, reg in mod.pager_state_types().items():
+        jax.ffi.register_ffi_type(name, reg, platform="CUDA")
+    for name, stages in mod.pager_registrations().items():
+        jax.ffi.register_ffi_target(name, stages, platform="CUDA")
+    size = (1 if a.smoke else 16) * MIB
+    n = 8 if a.smoke else 32
+    table = "gpu_pager_probe"
+    path = os.path.join(store, "gpu_pager.pages")
+    with open(path, "wb") as f:
+        f.truncate(n * size)
+    reg = register_file_table(table, [path], config=EngineConfig())
+    try:
+        device = getattr(dev, "local_hardware_id", None)
+        device = dev.id if device is None else device
+        knobs = dict(slot_bytes=size, arena_slots=8, ring_slots=4, write_slots=4, io_threads=8)
+        mod.pager_open(table, device=device, **knobs)
+        rec["pager"] = knobs
+        refs = [(0, 0, i * size, size) for i in range(n)]
+        mod.pager_plan(table, 1, [], refs)
+        mod.pager_plan(table, 2, refs, [])
+        write, read = pager_steps(table, size // 4, n)
+        xs = jax.device_put(np.arange(n * (size // 4), dtype=np.float32).reshape(n, -1), dev)
+        jax.block_until_ready(xs)
+        jax.block_until_ready(write(xs))  # compiles; the first write step
+        jax.block_until_ready(read())  # compiles; reads it back
+        for rnd in range(2):
+            t = time.perf_counter()
+            tok = write(xs)
+            w_host = time.perf_counter() - t  # dispatch: the handlers enqueue and return
+            jax.block_until_ready(tok)
+            w_dev = time.perf_counter() - t
+            t = time.perf_counter()
+            ys, tok = read()  # its begin waits for the write step's disk writes and commit
+            jax.block_until_ready((ys, tok))
+            r_s = time.perf_counter() - t
+            rec[f"round{rnd}"] = {
+                "write_dispatch_s": round(w_host, 6),
+                "write_done_s": round(w_dev, 6),
+                "read_s": round(r_s, 6),
+                "read_gb_s": round(n * size / r_s / 1e9, 3),
+                "write_gb_s": round(n * size / w_dev / 1e9, 3),
+            }
+        rec["bitwise"] = bool((np.asarray(ys) == np.asarray(xs)).all())
+        rec["bytes"] = n * size
+        rec["stats"] = mod.pager_stats(table)
+    finally:
+        mod.pager_close(table)
+        unregister_file_table(table, reg)
         os.unlink(path)
     return rec
 
@@ -572,7 +728,15 @@ def main(argv=None) -> int:
     p.add_argument(
         "--sections",
         nargs="*",
-        default=["pcie", "handlers", "xla_facts", "fuyou", "plain_vs_jaxoff", "capacity"],
+        default=[
+            "pcie",
+            "handlers",
+            "gpu_pager",
+            "xla_facts",
+            "fuyou",
+            "plain_vs_jaxoff",
+            "capacity",
+        ],
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -628,6 +792,7 @@ def main(argv=None) -> int:
     need = {
         "pcie": 20,
         "handlers": 40,
+        "gpu_pager": 30,
         "xla_facts": 40,
         "fuyou": 60,
         "plain_vs_jaxoff": 60,
@@ -643,6 +808,8 @@ def main(argv=None) -> int:
                     rec = pcie(a, dev)
                 elif name == "handlers":
                     rec = handlers(a, dev, store)
+                elif name == "gpu_pager":
+                    rec = gpu_pager(a, dev, store)
                 elif name == "xla_facts":
                     rec = xla_facts(a, dev, out)
                 elif name == "fuyou":
