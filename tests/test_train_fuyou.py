@@ -176,3 +176,66 @@ def test_fuyou_read_ahead_may_change_on_resume(tmp_path, monkeypatch):
     resumed = train(dataclasses.replace(cfg, fuyou_read_ahead_mib=1, resume=True))
     assert set(budgets) == {1 << 20}
     assert resumed.first_step == 2 and resumed.losses == full.losses[2:]
+
+
+def _spy_bits(monkeypatch) -> list[tuple[bool, set]]:
+    """Per Fuyou step the trainer builds from now on: its ``blocks_as_bits`` and the dtypes
+    of the stacked block leaves of the state it is traced with."""
+    import jax
+
+    from jaxoff.strategies import fuyou
+
+    seen, real = [], fuyou.make_fuyou_step
+
+    def spy(*args, **kw):
+        step = real(*args, **kw)
+
+        def traced(state, inputs, targets):
+            dtypes = {str(x.dtype) for x in jax.tree.leaves(state.params["blocks"])}
+            seen.append((kw.get("blocks_as_bits", False), dtypes))
+            return step(state, inputs, targets)
+
+        return traced
+
+    monkeypatch.setattr(fuyou, "make_fuyou_step", spy)
+    return seen
+
+
+def test_fuyou_trainer_runs_bf16_blocks_as_bits_bitwise(tmp_path, monkeypatch):
+    """16-bit parameters in RAM: the trainer's Fuyou step holds the blocks as their bits and
+    updates them in place (``blocks_as_bits``, the capacity record's form), bitwise the step
+    given floats; checkpoints hold floats, and a resumed run is bitwise an uninterrupted one."""
+    from jaxoff.models.gpt import CONFIGS
+    from jaxoff.strategies import _fuyou_train
+
+    bf16 = dict(fuyou=True, param_dtype="bfloat16", dtype="bfloat16")
+    assert not _fuyou_train.bits_apply(CONFIGS["tiny"], False)  # float32: as they are
+    bf16_tiny = dataclasses.replace(CONFIGS["tiny"], param_dtype="bfloat16")
+    assert not _fuyou_train.bits_apply(bf16_tiny, True)  # paged blocks: not in the state
+    seen = _spy_bits(monkeypatch)
+    bits = train(_config(tmp_path, "bits", **bf16))
+    assert seen == [(True, {"uint16"})]
+    seen.clear()
+    part = _config(tmp_path, "part", **bf16, stop_at=3)
+    first = train(part)
+    resumed = train(dataclasses.replace(part, stop_at=0, resume=True))
+    assert seen == [(True, {"uint16"})] * 2
+    seen.clear()
+    monkeypatch.setattr(_fuyou_train, "bits_apply", lambda *a: False)
+    floats = train(_config(tmp_path, "floats", **bf16))
+    assert seen == [(False, {"bfloat16"})]
+
+    assert len(bits.losses) == 6 and np.mean(bits.losses[-2:]) < bits.losses[0]
+    assert bits.losses == floats.losses  # bitwise: float equality
+    assert [r.get("val_loss") for r in bits.records] == [r.get("val_loss") for r in floats.records]
+    assert resumed.first_step == 3 and first.losses + resumed.losses == bits.losses
+    assert [r.get("val_loss") for r in resumed.records] == [
+        r.get("val_loss") for r in bits.records[3:]
+    ]
+    ref = _final_params(_config(tmp_path, "floats", **bf16))
+    for name in ("bits", "part"):
+        got = _final_params(_config(tmp_path, name, **bf16))
+        assert sorted(ref) == sorted(got)
+        for k in ref:  # the checkpoint holds the blocks as floats, as without bits
+            assert ref[k].dtype == got[k].dtype and ref[k].tobytes() == got[k].tobytes(), k
+    assert {str(x.dtype) for k, x in ref.items() if k.startswith("blocks")} == {"bfloat16"}

@@ -9,12 +9,16 @@ step and the parameters the state keeps (without the empty placeholders of paged
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from .._xla import is_half_float
+from ..optim import as_bits
 from ..step import TrainState
 
 
@@ -25,6 +29,9 @@ class FuyouStep:
     ``tx``: the paged optimizer (``jaxoff.paged``); ``page_params``: the stacked block
     parameters live in the store too (ZeRO-Infinity's parameter offload); ``read_ahead_bytes``:
     optimizer state read ahead of each layer's update (None: Fuyou's default).
+
+    ``blocks_as_bits`` (set from the model, see `bits_apply`): the state holds the stacked
+    block leaves as their bits and the step updates them in place.
     """
 
     def __init__(
@@ -42,6 +49,7 @@ class FuyouStep:
         self.model_cfg, self.tx, self.seed = model_cfg, tx, seed
         self.placement = get_placement(placement)
         self.page_params, self.read_ahead_bytes = page_params, read_ahead_bytes
+        self.blocks_as_bits = bits_apply(model_cfg, page_params)
         self.graphdef: Any = None  # set by init() or restore()
         self._step: Any = None  # set by compile()
         self._loss = None
@@ -57,12 +65,14 @@ class FuyouStep:
         def build():
             return self.model_cfg.build(nnx.Rngs(self.seed))
 
-        if self.page_params:
-            # the blocks made one layer at a time, straight into the store: a model larger
-            # than memory is never whole in it
+        if self.page_params or self.blocks_as_bits:
+            # the blocks made one layer at a time, straight into the store (or into their
+            # bits): a model larger than memory is never whole in it
             self.graphdef, params = layerwise_params(build)
         else:
             self.graphdef, params = nnx.split(build(), nnx.Param)
+        if self.blocks_as_bits:
+            params = _map_blocks(params, _IntoBits)  # filled as fuyou_init reads the layers
         opt = fuyou_init(
             self.model_cfg,
             self.tx,
@@ -72,6 +82,8 @@ class FuyouStep:
         )
         if self.page_params:
             params = fuyou_resident(params)  # the blocks now live in the store only
+        if self.blocks_as_bits:
+            params = _map_blocks(params, _IntoBits.bits)
         return TrainState(jnp.zeros((), jnp.int32), params, opt)
 
     def restore(self, reader, step: int, fall_back):
@@ -80,7 +92,7 @@ class FuyouStep:
 
         from ..aio import PageStoreCorruptError
         from ..placement import abstract_with, state_shardings
-        from .fuyou import fuyou_resident, fuyou_restore
+        from .fuyou import blocks_to_bits, fuyou_resident, fuyou_restore
 
         model = nnx.eval_shape(lambda: self.model_cfg.build(nnx.Rngs(0)))
         self.graphdef, params = nnx.split(model, nnx.Param)
@@ -90,6 +102,8 @@ class FuyouStep:
         abstract = abstract_with(abstract, state_shardings(self.placement, abstract))
         while True:
             state = self._restore_tree(reader, step, abstract)
+            if self.blocks_as_bits:  # saved as floats: their bits, in place
+                state = state._replace(params=blocks_to_bits(state.params))
             try:
                 opt = fuyou_restore(
                     self.model_cfg,
@@ -117,6 +131,8 @@ class FuyouStep:
 
         fuyou_save(self.tx, state.opt_state, writer.paged_part(step))
         state = state._replace(opt_state=None)  # the store's: in the paged part
+        if self.blocks_as_bits:  # saved as floats (a view of the bits: no copy)
+            state = state._replace(params=_float_view(state.params, self.param_dtype))
         if self.page_params:
             state = state._replace(params=_nonempty(state.params))
         writer.save_tree(step, state)
@@ -125,7 +141,13 @@ class FuyouStep:
         """Compiles ``make_fuyou_step`` (the state donated)."""
         from .fuyou import make_fuyou_step
 
-        step = make_fuyou_step(self.graphdef, self.model_cfg, self.tx, page_params=self.page_params)
+        step = make_fuyou_step(
+            self.graphdef,
+            self.model_cfg,
+            self.tx,
+            page_params=self.page_params,
+            blocks_as_bits=self.blocks_as_bits,
+        )
         self._step = jax.jit(step, donate_argnums=0).lower(state, inputs, targets).compile()
         return state
 
@@ -143,12 +165,19 @@ class FuyouStep:
         if not self.page_params:
             from ..step._plain import loss_of_params
 
-            loss = loss_of_params(self.graphdef, self.placement)
+            if self.blocks_as_bits:
+                loss = jax.jit(_bits_loss(self.graphdef, self.param_dtype))
+            else:
+                loss = loss_of_params(self.graphdef, self.placement)
             return lambda state, x, y: loss(state.params, x, y)
         from .fuyou import make_fuyou_loss
 
         loss = jax.jit(make_fuyou_loss(self.graphdef, self.model_cfg, self.tx))
         return lambda state, x, y: loss(state.params, state.opt_state, x, y)
+
+    @property
+    def param_dtype(self) -> np.dtype:
+        return np.dtype(jnp.dtype(self.model_cfg.param_dtype))
 
     def io_table(self) -> str | None:
         from .fuyou import fuyou_table
@@ -182,3 +211,103 @@ def _with_empty(like, restored: dict):
             for p, x in flat
         ],
     )
+
+
+def bits_apply(model_cfg, page_params: bool) -> bool:
+    """Whether Fuyou's step runs over the blocks' bits (``blocks_as_bits``): the block
+    parameters are in RAM (not ``page_params``) and every float leaf of the blocks is the
+    model's 16-bit ``param_dtype``. float32 blocks are sliced and updated in place as they
+    are (their bits would gain nothing)."""
+    from flax import nnx
+
+    from .fuyou._layout import _is_block_path
+
+    param_dtype = getattr(model_cfg, "param_dtype", None)
+    if page_params or param_dtype is None or not is_half_float(param_dtype):
+        return False
+    model = nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0)))
+    flat = jax.tree_util.tree_flatten_with_path(nnx.split(model, nnx.Param)[1])[0]
+    dtype = jnp.dtype(param_dtype)
+    blocks = [x.dtype for p, x in flat if _is_block_path(p)]
+    return bool(blocks) and all(d == dtype for d in blocks if jnp.issubdtype(d, jnp.floating))
+
+
+def _map_blocks(params, fn):
+    """``params`` with ``fn`` applied to each stacked block leaf."""
+    from .fuyou._layout import _is_block_path
+
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: fn(x) if _is_block_path(p) else x,
+        params,
+        is_leaf=lambda x: isinstance(x, _IntoBits),
+    )
+
+
+def _bits_layer_into(stack, x, j):
+    return lax.dynamic_update_index_in_dim(stack, as_bits(x), j, 0)
+
+
+_put_bits = jax.jit(_bits_layer_into, donate_argnums=0)
+
+
+class _IntoBits:
+    """A stacked block leaf made one layer at a time (``jaxoff.nn.layerwise_params``) whose
+    layers, as ``fuyou_init`` reads them, are also written into a stack of their bits, in
+    place (`bits`): the blocks never exist as floats whole."""
+
+    def __init__(self, leaf):
+        self._leaf = leaf
+        self.shape, self.dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
+        self.ndim, self.size = len(self.shape), math.prod(self.shape)
+        self._stack = jnp.zeros(self.shape, as_bits(jnp.zeros((), self.dtype)).dtype)
+        self._written: set[int] = set()
+
+    def __getitem__(self, j: int) -> jax.Array:
+        x = self._leaf[j]
+        self._stack = _put_bits(self._stack, x, j)
+        self._written.add(j)
+        return x
+
+    def bits(self) -> jax.Array:
+        """The stack of the layers' bits (every layer read once)."""
+        assert self._written == set(range(self.shape[0])), "fuyou_init reads every layer"
+        return self._stack
+
+
+def _bits_loss(graphdef, dtype):
+    """``loss(params, inputs, targets)`` of a state whose blocks are their bits: the forward
+    pass of Fuyou's step, each layer sliced out of the bits as floats (`_layer`), so that
+    evaluation makes no float copy of the blocks."""
+    from flax import nnx
+
+    from ..step import cross_entropy
+    from .fuyou._bits import _block_fn, _layer
+
+    def loss(params, inputs, targets):
+        model = nnx.merge(graphdef, params)  # the blocks as bits: read through `_layer` only
+        block = _block_fn(model.blocks)
+        stacked = jax.tree.leaves(nnx.split(model.blocks)[1])
+        dtypes = [dtype if jnp.issubdtype(x.dtype, jnp.unsignedinteger) else x.dtype
+                  for x in stacked]  # fmt: skip
+
+        def body(h, j):
+            return block(_layer(stacked, j, dtypes), h), None
+
+        h = model.embed_tokens(inputs)
+        h, _ = lax.scan(body, h, jnp.arange(stacked[0].shape[0]))
+        return cross_entropy(model.logits(h), targets)
+
+    return loss
+
+
+def _float_view(params, dtype: np.dtype):
+    """``params`` with each block leaf held as bits viewed as ``dtype`` floats: numpy views
+    of the same buffers (on CPU), no copy. Only for writing them out before the next step
+    (the step donates and updates those buffers)."""
+
+    def view(x):
+        if not jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+            return x
+        return np.asarray(x).view(dtype)
+
+    return _map_blocks(params, view)
