@@ -24,8 +24,10 @@ from ._segments import plan_segments as plan_segments
 from ._segments import recorded_segments as recorded_segments
 from ._stack import PolicySpec as PolicySpec
 from ._stack import Stack as Stack
+from ._stack import model_state as model_state
 from ._stack import num_layers_of as num_layers_of
 from ._stack import recomputes_everything as recomputes_everything
+from ._stack import refuse_model_state as refuse_model_state
 from ._stack import resolve_jax_policy as resolve_jax_policy
 from ._stack import run_stack as run_stack
 from ._stack import scan_blocks as scan_blocks
@@ -47,10 +49,12 @@ __all__ = [
     "layerwise_params",
     "load_model",
     "model_name",
+    "model_state",
     "num_layers_of",
     "plan_segments",
     "recomputes_everything",
     "recorded_segments",
+    "refuse_model_state",
     "resolve_jax_policy",
     "run_stack",
     "scan_blocks",

@@ -25,6 +25,19 @@ The built module has:
   (float32);
 * ``__call__(tokens) = logits(run_stack(blocks, embed_tokens(tokens), config.stack))``.
 
+Per-call inputs: ``__call__`` may take a ``deterministic`` (or ``train``) keyword; jaxoff
+passes ``deterministic=False`` (``train=True``) when it trains and ``True`` (``False``) when
+it evaluates, and evaluates after ``model.eval()`` (NNX's switch of ``nnx.Dropout`` and
+``nnx.BatchNorm`` to evaluation). The model hands what its blocks need besides the hidden
+state (an attention mask or segment ids, positions, that flag) to
+``run_stack(blocks, x, config.stack, **inputs)``, which calls every block as
+``block(h, **inputs)``: the same inputs for every layer of one call.
+
+State besides ``nnx.Param`` (``nnx.Dropout``'s RNG streams, ``nnx.BatchNorm``'s statistics):
+the optimizer sees the parameters only; the rest is carried through the step in
+``TrainState.rest``, updated every step and checkpointed. Blocks holding it run block by
+block (``remat_every=1``, no streaming); Fuyou and the sharded paged step refuse it.
+
 The loss is next-token cross entropy on the float32 logits (jaxoff computes it).
 
 On the command line a model is a size name (``tiny``, ``llama-tiny``, ...) or
@@ -87,7 +100,9 @@ def check_model(cfg: Any, needs: Iterable[str] = ()) -> Any:
     """Returns ``cfg`` if it implements the protocol (and what ``needs`` names), else raises
     :class:`jaxoff.ConfigError` naming what is missing.
 
-    ``needs`` are features: ``policy``, ``streaming``, ``segments``, ``fuyou``.
+    ``needs`` are features: ``policy``, ``streaming``, ``segments``, ``fuyou``, ``sharded``
+    (the last two carry ``nnx.Param`` state only: a model with RNG streams or batch
+    statistics is refused).
     """
     who = model_name(cfg)
     if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
@@ -115,7 +130,36 @@ def check_model(cfg: Any, needs: Iterable[str] = ()) -> Any:
             )
         if "fuyou" in needs and not (hasattr(module, "embed_tokens") and hasattr(module, "logits")):
             raise ConfigError(f"model {who!r} has no {_FEATURE_NEEDS['fuyou']}, which fuyou needs")
+    for feature in ("fuyou", "sharded"):
+        if feature in needs:
+            _refuse_state(cfg, who, _STATELESS[feature])
     return cfg
+
+
+_STATELESS = {
+    # feature -> what it is, and what to do instead, for a model with state besides nnx.Param
+    "fuyou": "the fuyou strategy (each layer's update inside backward) carries nnx.Param "
+    "only: train it without --fuyou",
+    "sharded": "the sharded paged step (--fsdp with --store) carries nnx.Param only: train it "
+    "on one device, or with --fsdp and --store none",
+}
+
+
+def _refuse_state(cfg: Any, who: str, what: str) -> None:
+    from ._stack import model_state
+
+    module = nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0)))
+    state = model_state(module)
+    if jax.tree.leaves(state):
+        kinds = sorted({type(v).__name__ for v in jax.tree.leaves(state, is_leaf=_is_variable)})
+        raise ConfigError(
+            f"model {who!r} holds state besides nnx.Param ({', '.join(kinds)}: dropout RNG "
+            f"streams or batch statistics); {what}"
+        )
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
 def with_stack(cfg: Any, **changes: Any) -> Any:

@@ -11,6 +11,7 @@ import contextvars
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -145,22 +146,30 @@ def record(plan: SegmentPlan) -> SegmentPlan:
     return plan
 
 
-def plan_segments(blocks: nnx.Module, x: jax.Array) -> SegmentPlan:
+def plan_segments(
+    blocks: nnx.Module, x: jax.Array, inputs: dict[str, Any] | None = None
+) -> SegmentPlan:
     """The :class:`SegmentPlan` of stacked ``blocks`` run over ``x``, from one traced block.
 
     ``b`` is the bytes of ``x``. ``i`` is the bytes of the residuals one block's VJP keeps
     with nothing rematted, its arguments (the layer's parameters and input) and constants
     not counted, plus ``b`` for the block's input, which backward also holds. Only shapes
-    are traced; nothing runs.
+    are traced; nothing runs. ``inputs``: the blocks' per-call keyword inputs (arrays are
+    traced as shapes, like ``x``).
     """
     graphdef, state = nnx.split(blocks)
     layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state)
     h = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    arrays = {k: v for k, v in (inputs or {}).items() if isinstance(v, jax.Array)}
+    static = {k: v for k, v in (inputs or {}).items() if k not in arrays}
+    arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in arrays.items()}
 
-    def residuals(layer_state, h):
-        return jax.vjp(lambda s, h: nnx.merge(graphdef, s)(h), layer_state, h)[1]
+    def residuals(layer_state, h, arrays):
+        return jax.vjp(lambda s, h: nnx.merge(graphdef, s)(h, **arrays, **static), layer_state, h)[
+            1
+        ]
 
-    jaxpr = jax.make_jaxpr(residuals)(layer, h).jaxpr
+    jaxpr = jax.make_jaxpr(residuals)(layer, h, arrays).jaxpr
     given = set(jaxpr.invars) | set(jaxpr.constvars)
     kept = {v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal) and v not in given}
     boundary = math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
@@ -168,7 +177,14 @@ def plan_segments(blocks: nnx.Module, x: jax.Array) -> SegmentPlan:
     return SegmentPlan.choose(jax.tree.leaves(state)[0].shape[0], boundary, interior)
 
 
-def chen_blocks(blocks: nnx.Module, x: jax.Array, *, size: int, unroll: int = 1) -> jax.Array:
+def chen_blocks(
+    blocks: nnx.Module,
+    x: jax.Array,
+    *,
+    size: int,
+    unroll: int = 1,
+    inputs: dict[str, Any] | None = None,
+) -> jax.Array:
     """Runs stacked ``blocks`` over ``x`` in Chen et al.'s (2016) segments of ``size`` blocks.
 
     Segments are ``size`` consecutive blocks, the last one shorter when ``size`` does not
@@ -188,15 +204,18 @@ def chen_blocks(blocks: nnx.Module, x: jax.Array, *, size: int, unroll: int = 1)
     the plain layer loop (the forward stays bitwise the plain one, bfloat16 included). The
     stacked parameters are the VJP's residual as they are (no copy), each segment sliced
     from them inside the loops, and the parameter gradient is one buffer written segment by
-    segment.
+    segment. ``inputs``: each block's per-call keyword inputs (see
+    :func:`jaxoff.nn.run_stack`), closed over (never differentiated).
     """
     graphdef, state = nnx.split(blocks)
+    inputs = dict(inputs or {})
     num_layers = jax.tree.leaves(state)[0].shape[0]
     recomputed = (num_layers - 1) // size  # segments before the last
 
     def segment(seg_state, h: jax.Array) -> jax.Array:
         def layer(h, layer_state):
-            return jax.lax.optimization_barrier(nnx.merge(graphdef, layer_state)(h)), None
+            out = nnx.merge(graphdef, layer_state)(h, **inputs)
+            return jax.lax.optimization_barrier(out), None
 
         # unrolled: in straight-line code XLA frees each block's residuals as soon as its
         # backward is done; inside a loop it keeps stacked residual buffers whole (on CPU,

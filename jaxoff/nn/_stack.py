@@ -126,8 +126,8 @@ class Stack:
                 f"stack's {num_layers} layers"
             )
 
-    def __call__(self, blocks: nnx.Module, x: jax.Array) -> jax.Array:
-        return run_stack(blocks, x, self)
+    def __call__(self, blocks: nnx.Module, x: jax.Array, **inputs: Any) -> jax.Array:
+        return run_stack(blocks, x, self, **inputs)
 
 
 def stacked(make_block: Callable[[nnx.Rngs], nnx.Module], num_layers: int, rngs: nnx.Rngs):
@@ -162,27 +162,81 @@ def num_layers_of(blocks: nnx.Module) -> int:
     return leaves[0].shape[0]
 
 
-def run_stack(blocks: nnx.Module, x: jax.Array, stack: Stack | None = None) -> jax.Array:
+def run_stack(
+    blocks: nnx.Module, x: jax.Array, stack: Stack | None = None, **inputs: Any
+) -> jax.Array:
     """Runs the stacked ``blocks`` over the carry ``x`` as ``stack`` says.
 
-    Each block is called as ``block(h) -> h`` with ``h`` of ``x``'s shape. The result is the
-    same for every :class:`Stack` (bitwise where XLA compiles the same arithmetic); what
-    differs is what is kept, offloaded or recomputed between forward and backward, and where
-    the parameters are while a layer computes.
+    Each block is called as ``block(h, **inputs) -> h`` with ``h`` of ``x``'s shape.
+    ``inputs`` are the call's per-call inputs, the same for every layer: an attention mask or
+    segment ids, positions, a ``deterministic`` flag. Arrays among them are scan-invariant
+    (closed over by the layer loop, never sliced per layer, never differentiated); other
+    values (a Python ``bool``) are static. Without ``inputs`` a block is called with ``h``
+    alone, as before. The result is the same for every :class:`Stack` (bitwise where XLA
+    compiles the same arithmetic); what differs is what is kept, offloaded or recomputed
+    between forward and backward, and where the parameters are while a layer computes.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxoff.nn import run_stack, stacked
+        >>> class Masked(nnx.Module):
+        ...     def __init__(self, rngs):
+        ...         self.lin = nnx.Linear(4, 4, rngs=rngs)
+        ...     def __call__(self, h, *, mask, deterministic=True):
+        ...         return h + self.lin(h) * mask[..., None]
+        >>> blocks = stacked(Masked, 2, nnx.Rngs(0))
+        >>> h = run_stack(blocks, jnp.ones((1, 3, 4)), mask=jnp.array([[1.0, 1.0, 0.0]]))
+        >>> h[0, 2].tolist()  # the masked position passes through every layer unchanged
+        [1.0, 1.0, 1.0, 1.0]
     """
     stack = Stack() if stack is None else stack
     if stack.stream_window:
-        return stream_blocks(blocks, x, window=stack.stream_window, to=stack.stream_to)
+        refuse_model_state(blocks, f"streamed blocks (stream_window={stack.stream_window})")
+        return stream_blocks(
+            blocks, x, window=stack.stream_window, to=stack.stream_to, inputs=inputs
+        )
     if stack.split_layers:
         stack.check_depth(num_layers_of(blocks))
         head, tail = split_blocks(blocks, stack.split_layers)
-        x = scan_blocks(head, x, policy=stack.split_policy, unroll=stack.scan_unroll)
+        x = scan_blocks(head, x, policy=stack.split_policy, unroll=stack.scan_unroll, inputs=inputs)
         if tail is not None:
-            x = scan_blocks(tail, x, policy=stack.policy, unroll=stack.scan_unroll)
+            x = scan_blocks(tail, x, policy=stack.policy, unroll=stack.scan_unroll, inputs=inputs)
         return x
     return scan_blocks(
-        blocks, x, policy=stack.policy, unroll=stack.scan_unroll, remat_every=stack.remat_every
+        blocks,
+        x,
+        policy=stack.policy,
+        unroll=stack.scan_unroll,
+        remat_every=stack.remat_every,
+        inputs=inputs,
     )
+
+
+def model_state(module: nnx.Module):
+    """The state of ``module`` besides its ``nnx.Param``: RNG stream keys and counts (e.g.
+    of ``nnx.Dropout``), batch statistics (``nnx.BatchNorm``), any other ``nnx.Variable``."""
+    return nnx.state(module, nnx.Not(nnx.Param))
+
+
+def refuse_model_state(blocks: nnx.Module, where: str) -> None:
+    """Raises :class:`jaxoff.ConfigError` when ``blocks`` hold state besides ``nnx.Param``
+    (RNG streams, batch statistics), which ``where`` (a layer loop with a custom VJP) cannot
+    carry."""
+    rest = model_state(blocks)
+    if jax.tree.leaves(rest):
+        from .._errors import ConfigError
+
+        kinds = sorted({type(v).__name__ for v in jax.tree.leaves(rest, is_leaf=_is_variable)})
+        raise ConfigError(
+            f"the blocks hold state besides nnx.Param ({', '.join(kinds)}: dropout RNG "
+            f"streams or batch statistics), which {where} cannot carry; run them block by "
+            f"block (remat_every=1, no streaming), or keep that state out of the blocks"
+        )
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
 def split_blocks(blocks: nnx.Module, n: int) -> tuple[nnx.Module, nnx.Module | None]:
@@ -203,21 +257,35 @@ def scan_blocks(
     policy: PolicySpec,
     unroll: int = 1,
     remat_every: int | Literal["auto"] = 1,
+    inputs: dict[str, Any] | None = None,
 ) -> jax.Array:
     """Runs stacked ``blocks`` over ``x``; the remat unit is one block or one segment.
 
     ``remat_every == 1``: ``nnx.scan`` over blocks, the body under ``nnx.remat(policy)``.
     ``remat_every == k > 1``: Chen et al.'s segments of ``k`` blocks (:func:`chen_blocks`).
     ``remat_every == "auto"``: ``k`` from :func:`plan_segments` at the traced shapes, and
-    the per-block path when it comes out ``1``. Every loop uses ``unroll``.
+    the per-block path when it comes out ``1``. Every loop uses ``unroll``. ``inputs``:
+    each block's per-call keyword inputs (see :func:`run_stack`), closed over by the loop.
+    The blocks' state besides ``nnx.Param`` (RNG counts, batch statistics) is updated
+    layer by layer on the per-block path; segments refuse it.
     """
+    inputs = dict(inputs or {})
     if remat_every == AUTO:
-        remat_every = record(plan_segments(blocks, x)).size
+        refuse_model_state(blocks, "remat_every='auto' (Chen segments)")
+        remat_every = record(plan_segments(blocks, x, inputs=inputs)).size
     if remat_every != 1 and policy is not None:
-        return chen_blocks(blocks, x, size=remat_every, unroll=unroll)
+        refuse_model_state(blocks, f"Chen segments (remat_every={remat_every})")
+        return chen_blocks(blocks, x, size=remat_every, unroll=unroll, inputs=inputs)
 
-    def body(block: nnx.Module, h: jax.Array) -> jax.Array:
-        return block(h)
+    if inputs:
+
+        def body(block: nnx.Module, h: jax.Array) -> jax.Array:
+            return block(h, **inputs)
+
+    else:
+
+        def body(block: nnx.Module, h: jax.Array) -> jax.Array:
+            return block(h)
 
     if policy is not None:
         body = nnx.remat(body, policy=resolve_jax_policy(policy))
@@ -229,7 +297,14 @@ def scan_blocks(
     return run(blocks, x)
 
 
-def stream_blocks(blocks: nnx.Module, x: jax.Array, *, window: int, to: Any = None) -> jax.Array:
+def stream_blocks(
+    blocks: nnx.Module,
+    x: jax.Array,
+    *,
+    window: int,
+    to: Any = None,
+    inputs: dict[str, Any] | None = None,
+) -> jax.Array:
     """Runs stacked ``blocks`` over ``x``, copying each layer's parameters in as it is needed.
 
     The stacked parameters stay where they are (host memory, typically); inside the layer
@@ -246,12 +321,14 @@ def stream_blocks(blocks: nnx.Module, x: jax.Array, *, window: int, to: Any = No
     layers in reverse with the same ring (prefetching ``window`` layers below), recomputes the
     block, and sends each layer's parameter gradient back to the parameters' own memory space
     inside the loop. The arithmetic is the block's own forward and VJP, as under
-    ``nothing_saveable`` remat.
+    ``nothing_saveable`` remat. ``inputs``: each block's per-call keyword inputs (see
+    :func:`run_stack`), closed over (never differentiated).
     """
     graphdef, state = nnx.split(blocks)
+    inputs = dict(inputs or {})
 
     def block(layer_state, h):
-        return nnx.merge(graphdef, layer_state)(h)
+        return nnx.merge(graphdef, layer_state)(h, **inputs)
 
     # where the parameters live, read here: inside the custom VJP's backward its residuals no
     # longer carry their memory space

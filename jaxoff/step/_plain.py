@@ -19,15 +19,72 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def make_loss_fn(graphdef: nnx.GraphDef, fetch=None):
+def split_model(model: nnx.Module):
+    """``(graphdef, params, rest)`` of ``model``: its ``nnx.Param`` state, what the optimizer
+    sees, and the rest of its state (RNG stream keys and counts, batch statistics), which a
+    step carries and updates but never differentiates; ``rest`` is ``None`` when the model
+    has no state besides ``nnx.Param``."""
+    from ..nn import model_state
+
+    if not jax.tree.leaves(model_state(model)):
+        graphdef, params = nnx.split(model, nnx.Param)
+        return graphdef, params, None
+    return nnx.split(model, nnx.Param, ...)
+
+
+def call_flags(model, training: bool) -> dict[str, bool]:
+    """The train/evaluation flag ``model.__call__`` asks for: ``deterministic=not training``
+    or ``train=training`` when it has a parameter of that name, else nothing."""
+    import inspect
+
+    try:
+        names = inspect.signature(type(model).__call__).parameters
+    except (TypeError, ValueError):  # a builtin or a C callable: no named flag
+        return {}
+    if "deterministic" in names:
+        return {"deterministic": not training}
+    if "train" in names:
+        return {"train": training}
+    return {}
+
+
+def _run(model, inputs, training: bool):
+    """The model's float32 logits, called in training or evaluation mode: the flag its
+    ``__call__`` asks for (:func:`call_flags`), and in evaluation ``model.eval()`` (NNX's
+    ``deterministic=True`` on ``nnx.Dropout``, ``use_running_average=True`` on
+    ``nnx.BatchNorm``; nothing on a model without them)."""
+    if not training and isinstance(model, nnx.Module):
+        model.eval()
+    return model(inputs, **call_flags(model, training))
+
+
+def make_loss_fn(graphdef: nnx.GraphDef, fetch=None, *, training: bool = True):
     """``loss(params, inputs, targets)`` of the model described by ``graphdef``.
 
     ``fetch`` (see ``jaxoff.placement.fetch_params``) brings host parameters to the device.
+    ``training``: the model runs in training mode (``deterministic=False`` where it asks for
+    the flag), else in evaluation mode (see :func:`_run`).
     """
 
     def loss_fn(params, inputs, targets):
         params = params if fetch is None else fetch(params)
-        return cross_entropy(nnx.merge(graphdef, params)(inputs), targets)
+        return cross_entropy(_run(nnx.merge(graphdef, params), inputs, training), targets)
+
+    return loss_fn
+
+
+def make_stateful_loss_fn(graphdef: nnx.GraphDef, fetch=None, *, training: bool = True):
+    """``loss(params, rest, inputs, targets) -> (loss, rest)`` of a model with state besides
+    ``nnx.Param`` (see :func:`split_model`): ``rest`` as the call left it (RNG counts
+    advanced, batch statistics updated), for ``jax.value_and_grad(..., has_aux=True)``."""
+
+    def loss_fn(params, rest, inputs, targets):
+        params = params if fetch is None else fetch(params)
+        # copy=True: the merged variables belong to this trace (the rest is not
+        # differentiated, and NNX refuses to update variables of an outer trace)
+        model = nnx.merge(graphdef, params, rest, copy=True)
+        loss = cross_entropy(_run(model, inputs, training), targets)
+        return loss, nnx.split(model, nnx.Param, ...)[2]
 
     return loss_fn
 
@@ -37,18 +94,28 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
 
     The caller jits it with ``donate_argnums=0`` so parameters and optimizer state are
     updated in place. ``placement`` (a ``jaxoff.placement.Placement`` or its name) says
-    where the state lives; the caller also gives the jit its ``state_shardings``.
+    where the state lives; the caller also gives the jit its ``state_shardings``. A state
+    with a ``rest`` (the model's state besides ``nnx.Param``) gets it back as the model's
+    call left it; the optimizer sees the parameters only.
     """
     from ..placement import fetch_params, make_update
 
-    loss_fn = make_loss_fn(graphdef, fetch_params(placement))
+    fetch = fetch_params(placement)
+    loss_fn = make_loss_fn(graphdef, fetch)
+    stateful_loss = make_stateful_loss_fn(graphdef, fetch)
     update = make_update(tx, placement)
 
     def train_step(state: TrainState, inputs: jax.Array, targets: jax.Array):
-        loss, grads = jax.value_and_grad(loss_fn)(state.params, inputs, targets)
+        if state.rest is None:
+            loss, grads = jax.value_and_grad(loss_fn)(state.params, inputs, targets)
+            rest = None
+        else:
+            (loss, rest), grads = jax.value_and_grad(stateful_loss, has_aux=True)(
+                state.params, state.rest, inputs, targets
+            )
         params, opt_state, grad_norm = update(grads, state.opt_state, state.params)
         metrics = {"loss": loss, "grad_norm": grad_norm}
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return TrainState(state.step + 1, params, opt_state, rest), metrics
 
     return train_step
 
@@ -56,8 +123,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
 def init_state(model_cfg, tx: optax.GradientTransformation, seed: int):
     """Builds the model and its optimizer state; returns ``(graphdef, TrainState)``."""
     model = model_cfg.build(nnx.Rngs(seed))
-    graphdef, params = nnx.split(model, nnx.Param)
-    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    graphdef, params, rest = split_model(model)
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
     return graphdef, state
 
 
@@ -66,11 +133,47 @@ def abstract_state(model_cfg, tx: optax.GradientTransformation):
 
     def build():
         model = model_cfg.build(nnx.Rngs(0))
-        graphdef, params = nnx.split(model, nnx.Param)
-        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+        _, params, rest = split_model(model)
+        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
 
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))))
     return graphdef, jax.eval_shape(build)
+
+
+def with_rest_shardings(shardings: TrainState, state: TrainState, mesh=None) -> TrainState:
+    """``shardings`` (a ``jaxoff.placement.state_shardings`` tree) with the model's rest
+    state (:func:`split_model`) on the device: whole on one device, replicated on ``mesh``."""
+    if state.rest is None:
+        return shardings
+    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    if mesh is None:
+        where = SingleDeviceSharding(jax.devices()[0])
+    else:
+        where = NamedSharding(mesh, PartitionSpec())
+    return shardings._replace(rest=jax.tree.map(lambda _: where, state.rest))
+
+
+def jit_train_step(train_step, placement, state: TrainState, mesh=None):
+    """``jaxoff.placement.jit_step`` of ``train_step``, the model's rest state (if any) on
+    the device beside the placed parameters and optimizer state."""
+    from ..placement import batch_sharding, jit_step
+
+    jitted, shardings = jit_step(train_step, placement, state._replace(rest=None), mesh)
+    if state.rest is None:
+        return jitted, shardings
+    from .._xla import compiler_options
+
+    shardings = with_rest_shardings(shardings, state, mesh)
+    tokens = batch_sharding(mesh)
+    jitted = jax.jit(
+        train_step,
+        donate_argnums=0,
+        in_shardings=(shardings, tokens, tokens),
+        out_shardings=(shardings, None),
+        compiler_options=compiler_options(state.params) or None,
+    )
+    return jitted, shardings
 
 
 class _OptaxStep:
@@ -83,8 +186,11 @@ class _OptaxStep:
     _loss: Any
 
     def evaluate(self, state: TrainState, inputs, targets):
+        stateful = getattr(state, "rest", None) is not None
         if self._loss is None:
-            self._loss = loss_of_params(self.graphdef, self.placement)
+            self._loss = loss_of_params(self.graphdef, self.placement, stateful=stateful)
+        if stateful:
+            return self._loss(state.params, state.rest, inputs, targets)
         return self._loss(state.params, inputs, targets)
 
     def io_table(self) -> str | None:
@@ -138,6 +244,7 @@ class PlainStep(_OptaxStep):
 
         self.graphdef, abstract = abstract_state(self.model_cfg, self.tx)
         shardings = state_shardings(self.placement, abstract, self.mesh)
+        shardings = with_rest_shardings(shardings, abstract, self.mesh)
         while True:
             state = reader.restore(step, abstract_with(abstract, shardings))
             if not self.paged:
@@ -157,10 +264,10 @@ class PlainStep(_OptaxStep):
         writer.save_tree(step, state)
 
     def compile(self, state: TrainState, inputs, targets) -> TrainState:
-        from ..placement import compile_placed, jit_step
+        from ..placement import compile_placed
 
         train_step = make_train_step(self.graphdef, self.tx, self.placement)
-        jitted, shardings = jit_step(train_step, self.placement, state, self.mesh)
+        jitted, shardings = jit_train_step(train_step, self.placement, state, self.mesh)
         if jax.process_count() > 1:
             from ..distributed._sharded import from_host
 
@@ -179,12 +286,17 @@ class PlainStep(_OptaxStep):
         return {}
 
 
-def loss_of_params(graphdef: nnx.GraphDef, placement=None):
+def loss_of_params(graphdef: nnx.GraphDef, placement=None, *, stateful: bool = False):
     """``loss(params, inputs, targets)`` jitted: the evaluation of a step whose state holds
-    its parameters (placed by ``placement``)."""
+    its parameters (placed by ``placement``), the model in evaluation mode (see
+    :func:`make_loss_fn`). ``stateful``: ``loss(params, rest, inputs, targets)`` of a model
+    with state besides ``nnx.Param``; evaluation leaves that state as it was."""
     from ..placement import fetch_params
 
-    return jax.jit(make_loss_fn(graphdef, fetch_params(placement)))
+    if not stateful:
+        return jax.jit(make_loss_fn(graphdef, fetch_params(placement), training=False))
+    loss_fn = make_stateful_loss_fn(graphdef, fetch_params(placement), training=False)
+    return jax.jit(lambda params, rest, inputs, targets: loss_fn(params, rest, inputs, targets)[0])
 
 
 def paged_table(tx) -> str | None:
@@ -212,11 +324,11 @@ def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
     placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings),
     compiled as ``jaxoff train`` compiles it (``jit_step``: with `jaxoff.compiler_options`),
     so that what ``jaxoff plan`` and ``jaxoff compare`` measure is the program that trains."""
-    from ..placement import abstract_with, compile_placed, jit_step, streamed_model
+    from ..placement import abstract_with, compile_placed, streamed_model
 
     tx = optimizer()
     graphdef, state = abstract_state(streamed_model(model_cfg, placement), tx)
-    jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state)
+    jitted, shardings = jit_train_step(make_train_step(graphdef, tx, placement), placement, state)
     state = abstract_with(state, shardings)
     tok = tokens(batch, seq)
     return compile_placed(jitted.lower(state, tok, tok), placement), jitted, state
@@ -228,14 +340,14 @@ def export_step(model_cfg, placement, tx, batch: int, seq: int, platform: str, m
         abstract_with,
         batch_sharding,
         get_placement,
-        jit_step,
         streamed_model,
     )
 
     placement = get_placement(placement)
     model_cfg = streamed_model(model_cfg, placement, mesh)
     graphdef, state = abstract_state(model_cfg, tx)
-    jitted, shardings = jit_step(make_train_step(graphdef, tx, placement), placement, state, mesh)
+    step_fn = make_train_step(graphdef, tx, placement)
+    jitted, shardings = jit_train_step(step_fn, placement, state, mesh)
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=batch_sharding(mesh))
     exported = jax.export.export(jitted, platforms=[platform])
     return exported(abstract_with(state, shardings), tok, tok).mlir_module()
