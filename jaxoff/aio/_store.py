@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +14,6 @@ from jaxoff import _faults
 from jaxoff.aio import _error_from, _manifest
 from jaxoff.aio._layout import (
     SLOTS,
-    EntryLayout,
     Layout,
     check_slot,
     layout_differences,
@@ -31,19 +29,17 @@ from jaxoff.aio._store_errors import (
     PageStoreNotFoundError,
     PageStoreTornError,
 )
-from jaxoff.aio._store_files import (
-    FileTable,
-    owned_files,
-    read_marker,
-    strangers,
-    write_marker,
+from jaxoff.aio._store_open import (
+    IN_PLACE_MARK,
+    create_locked,
+    make_root,
+    open_locked,
+    refuse_strangers,
 )
-
-IN_PLACE_MARK = "IN_PLACE_OPEN"
-"""File present while a single-slot store is open (or after its user died)."""
+from jaxoff.aio._store_state import StoreState
 
 
-class PageStore:
+class PageStore(StoreState):
     """A directory of named tensors, each cut into aligned chunks, with two slots (A and B).
 
     Version ``V`` of every entry lives in slot ``"A" if V % 2 == 0 else "B"`` (the active
@@ -72,23 +68,6 @@ class PageStore:
     ...     print(store.version, store.active_slot, store.read("opt.mu.w").sum())
     1 B 15.0
     """
-
-    def __init__(
-        self, root: str, layout: Layout, version: int, crcs: _manifest.Crcs, lock: StoreLock
-    ):
-        self._root = root
-        self._layout = layout
-        self._version = version
-        self._crcs = crcs
-        self._lock = lock
-        self._pending = self._no_crcs()
-        self._files = FileTable(root, layout)
-        self.last_error: PageStoreError | None = None
-        """The last error a `commit` raised (also when it was raised inside a JAX callback,
-        where JAX wraps it: see `jaxoff.aio.store_error_from`)."""
-        self._finishing: threading.Thread | None = None  # a background commit's thread
-        self._finish_error: tuple | None = None  # (error, version, crcs) it failed with
-        self._finish_lock = threading.RLock()  # commit() and close() from two threads
 
     # ----------------------------------------------------------------- construction
 
@@ -120,11 +99,11 @@ class PageStore:
             (and ``exist_ok`` is false) or unrelated files.
         """
         layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
-        _refuse_strangers(root, layout)
-        root = _make_root(root)
+        refuse_strangers(root, layout)
+        root = make_root(root)
         lock = StoreLock(root)
         try:
-            return cls._create_locked(root, layout, lock, exist_ok)
+            return create_locked(cls, root, layout, lock, exist_ok)
         except BaseException:
             lock.release()
             raise
@@ -149,7 +128,7 @@ class PageStore:
             _manifest.read(root)  # raises the "does not exist" error
         lock = StoreLock(root)
         try:
-            return cls._open_locked(root, lock)
+            return open_locked(cls, root, lock)
         except BaseException:
             lock.release()
             raise
@@ -172,13 +151,13 @@ class PageStore:
             the differences).
         """
         layout = plan_layout(layout_or_entries, chunk_bytes, dirs, slots)
-        _refuse_strangers(root, layout)  # before anything is written there (LOCK included)
-        root = _make_root(root)
+        refuse_strangers(root, layout)  # before anything is written there (LOCK included)
+        root = make_root(root)
         lock = StoreLock(root)  # before looking, so two racing callers cannot both create
         try:
             if not os.path.exists(os.path.join(root, _manifest.MANIFEST)):
-                return cls._create_locked(root, layout, lock, exist_ok=True)
-            store = cls._open_locked(root, lock)
+                return create_locked(cls, root, layout, lock, exist_ok=True)
+            store = open_locked(cls, root, lock)
         except BaseException:
             lock.release()
             raise
@@ -192,117 +171,6 @@ class PageStore:
                 "store directory, or delete this one to start afresh"
             )
         return store
-
-    @classmethod
-    def _create_locked(cls, root: str, layout: Layout, lock: StoreLock, exist_ok: bool):
-        old_layout = None
-        if os.path.exists(os.path.join(root, _manifest.MANIFEST)):
-            if not exist_ok:
-                raise PageStoreError(
-                    f"a page store already exists at {root}; open it with PageStore.open "
-                    "(or open_or_create), or pass exist_ok=True to re-initialise it"
-                )
-            try:
-                old_layout = _manifest.read(root)[0]
-            except PageStoreError:
-                pass  # unreadable: nothing to clean up that we could name
-        else:
-            _refuse_strangers(root, layout)  # again, under the lock
-        crcs: _manifest.Crcs = {
-            s: {e.name: [None] * len(e.chunks) for e in layout.entries} for s in SLOTS
-        }
-        store = cls(root, layout, 0, crcs, lock)
-        # the marker first, naming every file this store may leave (the old layout's too)
-        old_files = owned_files(root, old_layout) or []
-        store_id = write_marker(root, store._files.paths + old_files)
-        store._files.allocate_all()
-        if old_layout is not None:
-            store._files.remove_stale(root, old_layout)
-        write_marker(root, store._files.paths, store_id)
-        _manifest.write(root, layout, 0, crcs)
-        store._mark_in_place()
-        return store
-
-    @classmethod
-    def _open_locked(cls, root: str, lock: StoreLock) -> PageStore:
-        layout, version, crcs = _manifest.read(root)
-        store = cls(root, layout, version, crcs, lock)
-        if read_marker(root) is None:  # a store made before markers: its layout names its files
-            write_marker(root, store._files.paths)
-        store._files.check(crcs, store.active_slot, version)
-        if layout.slots == 1 and os.path.exists(os.path.join(root, IN_PLACE_MARK)):
-            store._check_not_torn()
-        store._mark_in_place()
-        return store
-
-    # ----------------------------------------------------------------- properties
-
-    @property
-    def root(self) -> str:
-        return self._root
-
-    @property
-    def version(self) -> int:
-        """The last committed version (0 right after `create`: nothing written yet)."""
-        return self._version
-
-    @property
-    def layout(self) -> Layout:
-        return self._layout
-
-    @property
-    def entries(self) -> Mapping[str, EntryLayout]:
-        """``{name: EntryLayout}`` in entry-index order (read-only)."""
-        return types.MappingProxyType({e.name: e for e in self._layout.entries})
-
-    @property
-    def chunk_bytes(self) -> int:
-        return self._layout.chunk_bytes
-
-    @property
-    def active_slot(self) -> str:
-        """The slot holding the committed version: ``"A"`` for even versions, else ``"B"``."""
-        return "A" if self._version % 2 == 0 else "B"
-
-    @property
-    def inactive_slot(self) -> str:
-        """The slot that writes for version ``version + 1`` go to."""
-        return "B" if self._version % 2 == 0 else "A"
-
-    def crcs(self, name: str, slot: str | None = None) -> list[int | None]:
-        """The crc32c of each chunk of entry ``name`` in ``slot`` (default: the committed
-        version's slot), as the manifest records them."""
-        if name not in self.entries:
-            raise KeyError(
-                f"page store {self._root} has no entry {name!r}; it holds {', '.join(self.entries)}"
-            )
-        return list(self._crcs[slot or self.active_slot][name])
-
-    @property
-    def closed(self) -> bool:
-        return not self._lock.held
-
-    # ----------------------------------------------------------------- tables for the FFI
-
-    def file_table(self) -> list[str]:
-        """Absolute paths of all page files: entry by entry, slot A then B, stripe by stripe."""
-        return list(self._files.paths)
-
-    def file_id(self, name: str, slot: str, chunk_index: int) -> int:
-        """Index into `file_table` of the file holding chunk ``chunk_index`` of ``name``."""
-        ei = self._layout.index(name)
-        chunk = self._chunk(ei, chunk_index)
-        return self._files.ids[(ei, check_slot(slot), chunk.stripe)]
-
-    def chunk_table(self, slot: str) -> dict[str, np.ndarray]:
-        """Per global chunk (entries in order, chunks in order), int64 arrays of.
-
-        ``file_id`` (into `file_table`, for ``slot``), ``offset``, ``nbytes`` (unpadded, what
-        the crc covers), ``padded_nbytes``, ``entry`` (entry index), ``chunk`` (index within
-        the entry), ``elem_start`` and ``elem_count``. Reads use the active slot, writes the
-        inactive one.
-        """
-        return self._files.chunk_table(slot)
 
     # ----------------------------------------------------------------- numpy I/O
 
@@ -527,10 +395,6 @@ class PageStore:
         except Exception:
             pass
 
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else f"version {self._version}"
-        return f"PageStore({self._root!r}, {len(self._layout.entries)} entries, {state})"
-
     # ----------------------------------------------------------------- internals
 
     def _mark_in_place(self) -> None:
@@ -556,31 +420,6 @@ class PageStore:
                 "cannot roll back: " + RESTORE_HINT + ". Use slots=2 for stores that survive "
                 "a crash mid-update"
             ) from None
-
-    def _no_crcs(self) -> dict[str, list[int | None]]:
-        return {e.name: [None] * len(e.chunks) for e in self._layout.entries}
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise PageStoreError(f"page store {self._root} is closed; open it again")
-
-    def _chunk(self, ei: int, chunk_index: int):
-        e = self._layout.entries[ei]
-        if not (isinstance(chunk_index, int | np.integer) and 0 <= chunk_index < len(e.chunks)):
-            raise PageStoreLayoutError(
-                f"entry {e.name!r} has {len(e.chunks)} chunks; chunk index {chunk_index!r} is "
-                "out of range"
-            )
-        return e.chunks[int(chunk_index)]
-
-    @staticmethod
-    def _as_array(e: EntryLayout, data: Any, shape, what: str) -> np.ndarray:
-        arr = np.asarray(data)
-        if arr.dtype != e.dtype:  # no silent casts: a wrong dtype is a bug upstream
-            raise PageStoreLayoutError(f"{what} has dtype {e.dtype}, got {arr.dtype}")
-        if shape is not None and arr.shape != shape:
-            raise PageStoreLayoutError(f"{what} has shape {shape}, got {arr.shape}")
-        return np.ascontiguousarray(arr)
 
     def _write_raw(self, ei: int, index: int, raw: np.ndarray) -> None:
         e = self._layout.entries[ei]
@@ -628,36 +467,3 @@ class PageStore:
                 f"crc32c 0x{want:08x}, got 0x{got:08x}. The data on disk was damaged; "
                 + RESTORE_HINT
             )
-
-
-def _refuse_strangers(root: str | os.PathLike, layout: Layout) -> None:
-    """Refuses a folder that holds files and is not a page store: a store is given a folder
-    of its own, and jaxoff never deletes (or writes among) files it did not write."""
-    root = os.path.abspath(os.fspath(root))
-    ours = {d.split(os.sep)[0] for d in layout.dirs if not os.path.isabs(d)}
-    found = [n for n in strangers(root) if n not in ours]
-    if found:
-        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-        raise PageStoreError(
-            f"{root} is not empty and holds no page store (it has {shown}); give the store "
-            f"an empty or new directory of its own (jaxoff writes and deletes only its own "
-            f"files there)"
-        )
-
-
-def _make_root(root: str | os.PathLike) -> str:
-    """The store directory as an absolute path, created if missing."""
-    root = os.path.abspath(os.fspath(root))
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise PageStoreError(
-            f"cannot create a page store at {root}: it is a file, not a directory; remove it "
-            "or choose another store directory"
-        )
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as e:
-        raise PageStoreError(
-            f"cannot create the page store directory {root}: {e.strerror}; choose a directory "
-            "you can write to (every parent must be a directory)"
-        ) from None
-    return root

@@ -1,0 +1,140 @@
+"""What a :class:`~jaxoff.aio.PageStore` knows without touching its pages: its layout,
+version, checksums and file tables (the base class of ``PageStore``)."""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxoff.aio import _manifest
+from jaxoff.aio._layout import EntryLayout, Layout, check_slot
+from jaxoff.aio._lock import StoreLock
+from jaxoff.aio._store_errors import PageStoreError, PageStoreLayoutError
+from jaxoff.aio._store_files import FileTable
+
+
+class StoreState:
+    """A page store's bookkeeping: the committed version and its checksums, the checksums
+    written since (``_pending``), the page files, the lock and a background commit's state.
+    :class:`~jaxoff.aio.PageStore` adds the I/O, commits and opening."""
+
+    def __init__(
+        self, root: str, layout: Layout, version: int, crcs: _manifest.Crcs, lock: StoreLock
+    ):
+        self._root = root
+        self._layout = layout
+        self._version = version
+        self._crcs = crcs
+        self._lock = lock
+        self._pending = self._no_crcs()
+        self._files = FileTable(root, layout)
+        self.last_error: PageStoreError | None = None
+        """The last error a `commit` raised (also when it was raised inside a JAX callback,
+        where JAX wraps it: see `jaxoff.aio.store_error_from`)."""
+        self._finishing: threading.Thread | None = None  # a background commit's thread
+        self._finish_error: tuple | None = None  # (error, version, crcs) it failed with
+        self._finish_lock = threading.RLock()  # commit() and close() from two threads
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def version(self) -> int:
+        """The last committed version (0 right after `create`: nothing written yet)."""
+        return self._version
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @property
+    def entries(self) -> Mapping[str, EntryLayout]:
+        """``{name: EntryLayout}`` in entry-index order (read-only)."""
+        return types.MappingProxyType({e.name: e for e in self._layout.entries})
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._layout.chunk_bytes
+
+    @property
+    def active_slot(self) -> str:
+        """The slot holding the committed version: ``"A"`` for even versions, else ``"B"``."""
+        return "A" if self._version % 2 == 0 else "B"
+
+    @property
+    def inactive_slot(self) -> str:
+        """The slot that writes for version ``version + 1`` go to."""
+        return "B" if self._version % 2 == 0 else "A"
+
+    def crcs(self, name: str, slot: str | None = None) -> list[int | None]:
+        """The crc32c of each chunk of entry ``name`` in ``slot`` (default: the committed
+        version's slot), as the manifest records them."""
+        if name not in self.entries:
+            raise KeyError(
+                f"page store {self._root} has no entry {name!r}; it holds {', '.join(self.entries)}"
+            )
+        return list(self._crcs[slot or self.active_slot][name])
+
+    @property
+    def closed(self) -> bool:
+        return not self._lock.held
+
+    # ----------------------------------------------------------------- tables for the FFI
+
+    def file_table(self) -> list[str]:
+        """Absolute paths of all page files: entry by entry, slot A then B, stripe by stripe."""
+        return list(self._files.paths)
+
+    def file_id(self, name: str, slot: str, chunk_index: int) -> int:
+        """Index into `file_table` of the file holding chunk ``chunk_index`` of ``name``."""
+        ei = self._layout.index(name)
+        chunk = self._chunk(ei, chunk_index)
+        return self._files.ids[(ei, check_slot(slot), chunk.stripe)]
+
+    def chunk_table(self, slot: str) -> dict[str, np.ndarray]:
+        """Per global chunk (entries in order, chunks in order), int64 arrays of.
+
+        ``file_id`` (into `file_table`, for ``slot``), ``offset``, ``nbytes`` (unpadded, what
+        the crc covers), ``padded_nbytes``, ``entry`` (entry index), ``chunk`` (index within
+        the entry), ``elem_start`` and ``elem_count``. Reads use the active slot, writes the
+        inactive one.
+        """
+        return self._files.chunk_table(slot)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"version {self._version}"
+        return f"PageStore({self._root!r}, {len(self._layout.entries)} entries, {state})"
+
+    # ----------------------------------------------------------------- internals
+
+    def _no_crcs(self) -> dict[str, list[int | None]]:
+        return {e.name: [None] * len(e.chunks) for e in self._layout.entries}
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise PageStoreError(f"page store {self._root} is closed; open it again")
+
+    def _chunk(self, ei: int, chunk_index: int):
+        e = self._layout.entries[ei]
+        if not (isinstance(chunk_index, int | np.integer) and 0 <= chunk_index < len(e.chunks)):
+            raise PageStoreLayoutError(
+                f"entry {e.name!r} has {len(e.chunks)} chunks; chunk index {chunk_index!r} is "
+                "out of range"
+            )
+        return e.chunks[int(chunk_index)]
+
+    @staticmethod
+    def _as_array(e: EntryLayout, data: Any, shape, what: str) -> np.ndarray:
+        arr = np.asarray(data)
+        if arr.dtype != e.dtype:  # no silent casts: a wrong dtype is a bug upstream
+            raise PageStoreLayoutError(f"{what} has dtype {e.dtype}, got {arr.dtype}")
+        if shape is not None and arr.shape != shape:
+            raise PageStoreLayoutError(f"{what} has shape {shape}, got {arr.shape}")
+        return np.ascontiguousarray(arr)
