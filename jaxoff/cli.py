@@ -38,8 +38,13 @@ class Command:
 
 def _train() -> Command:
     from .train import TrainConfig, load_config_file, train
+    from .train._config import flat_options_type
 
-    return Command(TrainConfig, train, HELP["train"], load_config_file)
+    # the options parse flat (--lr, not --optim-options.lr), then make up the config's groups
+    def run(options) -> Any:
+        return train(TrainConfig(**vars(options)))
+
+    return Command(flat_options_type(), run, HELP["train"], load_config_file)
 
 
 def _compare() -> Command:

@@ -13,7 +13,7 @@ from ..nn import check_model, load_model
 from ..train._config import TrainConfig
 
 # `jaxoff plan` plans for what `jaxoff train` runs by default: its model and batch shape
-_TRAIN: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+_TRAIN: dict[str, Any] = TrainConfig().options()
 
 _DTYPES = ("float32", "bfloat16", "float16")
 

@@ -9,7 +9,7 @@ from ..step import init_state as init_state
 from ..step import make_loss_fn as make_loss_fn
 from ..step import make_train_step as make_train_step
 from ._config import TrainConfig as TrainConfig
-from ._config import load_config_file as load_config_file
+from ._config_file import load_config_file as load_config_file
 from ._data import Batches as Batches
 from ._data import load_corpus as load_corpus
 from ._loop import TrainResult as TrainResult

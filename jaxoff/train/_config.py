@@ -1,160 +1,167 @@
-"""The training configuration: one frozen dataclass, validated, loadable from TOML."""
+"""The training configuration: frozen groups of options, validated, loadable from TOML."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import tomllib
+import inspect
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Generic, TypeVar, overload
 
 import jax
 import optax
 
 from .._errors import ConfigError
 from ..nn._protocol import model_name
+from ._config_file import load_config_file as load_config_file  # its old home
+from ._optimizers import build_optimizer_parts, schedule
+from ._options import (
+    FLAT_NAMES,
+    GROUP_OF,
+    GROUPS,
+    DataOptions,
+    ModelOptions,
+    OptimOptions,
+    RunOptions,
+    StoreOptions,
+    Strategy,
+    StrategyOptions,
+    check_writable,
+)
+from ._options import check_data_options as _check_data_options  # noqa: F401 (its old name)
 
-Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
-Strategy = Literal["plain", "fuyou"]
+T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True)
+class _Flat(Generic[T]):
+    """A flat, read-only option name of :class:`TrainConfig`: ``cfg.lr`` reads
+    ``cfg.optim_options.lr``."""
+
+    def __init__(self, read: Callable[[TrainConfig], T]) -> None:
+        self._read = read
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Flat[T]: ...
+    @overload
+    def __get__(self, obj: TrainConfig, owner: type) -> T: ...
+    def __get__(self, obj: TrainConfig | None, owner: type) -> T | _Flat[T]:
+        return self if obj is None else self._read(obj)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class TrainConfig:
-    """Everything ``jaxoff train`` needs. Every field is a command-line option.
+    """Everything ``jaxoff train`` needs: six frozen groups of options. Every option is a
+    command-line option.
 
-    Attributes:
-        model: the model: a size name (GPT: tiny, mini, small, medium, large, xl, ...; Llama:
-            llama-tiny, llama-mini, ...), ``package.module:factory`` naming a model config of
-            your own (see ``jaxoff.nn``), or, from Python, a model config object.
-        policy: remat/offload policy of the scanned layers: a preset (none, full, selective,
-            offload_all, offload_dots, sqrt, ...), a ``jax.checkpoint_policies`` name, or
-            ``name=action`` pairs over the model's residual names, separated by commas, such as
-            ``attn_probs=remat,mlp_act=offload,*=device``.
-        positions: ``learned`` or ``rotary`` position encoding (models with a ``positions``
-            field, such as the GPT); default: the model's own.
-        dtype: compute dtype (float32 or bfloat16); default: the model's own.
-        param_dtype: parameter dtype (float32 or bfloat16); default: the model's own.
-        batch_size: sequences per step.
-        seq_len: tokens per sequence.
-        steps: total optimizer steps of the run (the schedule spans them).
-        optimizer: adamw, adam, lion, sgd (with momentum) or rmsprop.
-        lr: peak learning rate (linear warm-up, then cosine decay to 10%).
-        warmup_steps: steps of linear warm-up.
-        weight_decay: decoupled weight decay (adamw and lion).
-        clip_norm: global gradient-norm clipping; 0 disables it.
-        seed: seeds parameter init and the batch order.
-        data: a text file or folder (bytes, or text for --tokenizer); a ``.bin`` token file
-            (raw little-endian uint16 ids as nanoGPT's ``prepare.py`` writes, or uint32: see
-            --token-dtype) or a ``.npy`` token file, memory-mapped; default: this Python's
-            standard-library source. See ``docs/guide/your-model.md``.
-        tokenizer: a Hugging Face ``tokenizers`` JSON file that encodes the --data text
-            (needs ``pip install 'jaxoff[data]'``); the model's vocab_size must cover its
-            vocabulary.
-        token_dtype: element type of a ``.bin`` token file: ``auto`` (the ``dtype`` of a
-            ``<file>.json`` or ``meta.json`` sidecar, else uint16), ``uint16`` or ``uint32``.
-        val_fraction: share of the corpus held out for validation.
-        eval_every: steps between validation losses; 0 disables them.
-        eval_batches: batches per validation loss.
-        out_dir: run folder: metrics.jsonl, config.json, checkpoints/.
-        ckpt_every: steps between orbax checkpoints; 0: only the last step's (a run ends on one).
-        keep_checkpoints: checkpoints kept on disk.
-        resume: continue from the latest checkpoint in out_dir (a run stopped before its
-            first checkpoint starts again from step 0).
-        resume_fallback: with --resume, when the latest checkpoint fails its checksums, remove
-            it and continue from the newest one that passes (said in one line); without it a
-            damaged checkpoint is an error.
-        resume_unverified: with --resume, admit checkpoints none of which has a
-            ``checksums.json`` (all deleted, or written by a jaxoff that did not checksum),
-            unverified; without it such a run is refused.
-        overwrite: replace a previous run in out_dir (its metrics and checkpoints are deleted).
-        stop_at: stop after this step (as if interrupted), checkpointing first; 0 runs to the end.
-        progress: show progress: a live bar where stderr is a terminal, else a plain line
-            every few steps; False (--no-progress) shows none.
-        store: where the optimizer state lives (with 16-bit parameters also the fp32 master
-            weights; float32 parameters are their own masters): ``auto`` pages it to
-            ``<out_dir>/store`` (``jaxoff.paged``: streamed chunk by chunk through the async
-            I/O engine), a directory pages it there, ``none`` keeps it in RAM.
-        chunk_mib: MiB per chunk of the paged optimizer state (with --store).
-        store_slots: 2 keeps the last committed optimizer step on disk while the next one is
-            written (a crash mid-step loses nothing); 1 updates the store in place with half
-            the disk (12 instead of 24 bytes/parameter with AdamW), and a crash mid-step is
-            then recovered from the last checkpoint (--resume).
-        plan: a plan file from ``jaxoff plan``: its remat/offload policy replaces --policy
-            (the plan must be for this model and batch shape).
-        placement: where parameters and optimizer states live (jaxoff.placement presets):
-            device, host_opt, host_opt_xfer, host_params, host_params_stream<N> (layers
-            streamed from host memory N layers ahead; needs --policy full).
-        fsdp: devices of the FSDP mesh axis: parameters, gradients and optimizer states
-            sharded over them, the batch split over them; 1 runs on one device.
-        strategy: how each step is trained: ``plain`` (gradients, then the optimizer update;
-            with --fsdp > 1 and --store, FSDP with each process paging its own blocks) or
-            ``fuyou`` (``jaxoff.strategies.fuyou``): the paged optimizer update of each layer
-            inside the backward layer scan, pipelined with the next layer's gradients. Fuyou
-            needs a page store (--store), --clip-norm 0 (each layer is updated before the
-            global gradient norm exists), one device (--fsdp 1, --placement device); it
-            recomputes each block in backward, so its --policy is none (the default) or one
-            that recomputes everything (full, nothing_saveable).
-        fuyou: the same as --strategy fuyou (an alias).
-        compile_cache: JAX's persistent compilation cache for this run, so that a resumed run
-            loads its compiled step instead of compiling it again: ``auto`` keeps the cache
-            already configured (``JAX_COMPILATION_CACHE_DIR``), else uses
-            ``<out_dir>/compile-cache``; a directory uses it; ``none`` leaves a cache
-            configured outside jaxoff as it is. In a process that trains several runs
-            (``jaxoff.train.train``), each run's ``auto`` uses its own out_dir, and ``none``
-            turns off a cache an earlier run set.
-        page_params: with --strategy fuyou, the stacked block parameters live in the page
-            store too (ZeRO-Infinity's parameter offload): each layer's are read one layer
-            ahead in forward and in backward and written by its update, so RAM holds the
-            embeddings, the head and a window of two layers instead of the model. Evaluation
-            reads them from the store the same way.
-        fuyou_read_ahead_mib: with --strategy fuyou, MiB of optimizer state read ahead of
-            each layer's update while the layer above it is differentiated: the whole layer
-            when its state fits, else the leading chunks of each of its tensors (the rest is
-            read by the update itself, not hidden). Staging may hold four times this; 0 reads
-            each tensor's first chunk only. Default: 128 MiB or 1/32 of RAM, the larger.
+    The groups (``jaxoff.train._options``) are :class:`ModelOptions` (``model_options``:
+    model, policy, positions, dtype, param_dtype, plan), :class:`DataOptions`
+    (``data_options``: the corpus and the batch shape), :class:`OptimOptions`
+    (``optim_options``: the optimizer, its schedule and steps), :class:`RunOptions`
+    (``run_options``: out_dir, checkpoints, evaluation, resumption, seed),
+    :class:`StoreOptions` (``store_options``: the page store) and :class:`StrategyOptions`
+    (``strategy_options``: placement, FSDP, strategy and Fuyou's options). Each option is
+    documented in its group.
+
+    ``TrainConfig(...)`` takes the groups, or the options by their flat names, or both (a
+    flat name then replaces that option of the group given), and every option reads by its
+    flat name too: ``TrainConfig(steps=6).steps == 6``. ``dataclasses.replace(cfg, lr=1e-3)``
+    works the same way. The command line, TOML files and ``config.json`` use the flat names.
+
+    >>> cfg = TrainConfig(model="tiny", lr=1e-3)
+    >>> cfg.lr, cfg.optim_options.lr, cfg.model_options.model
+    (0.001, 0.001, 'tiny')
+    >>> cfg == TrainConfig(model_options=ModelOptions(model="tiny"),
+    ...                    optim_options=OptimOptions(lr=1e-3))
+    True
     """
 
-    model: str = "mini"
-    policy: str = "none"
-    positions: Literal["learned", "rotary"] | None = None
-    dtype: str | None = None
-    param_dtype: str | None = None
-    batch_size: int = 16
-    seq_len: int = 128
-    steps: int = 300
-    optimizer: Optimizer = "adamw"
-    lr: float = 3e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    clip_norm: float = 1.0
-    seed: int = 0
-    data: Path | None = None
-    tokenizer: Path | None = None
-    token_dtype: str = "auto"
-    val_fraction: float = 0.05
-    eval_every: int = 50
-    eval_batches: int = 4
-    out_dir: Path = Path("runs/default")
-    ckpt_every: int = 100
-    keep_checkpoints: int = 2
-    resume: bool = False
-    resume_fallback: bool = False
-    resume_unverified: bool = False
-    overwrite: bool = False
-    stop_at: int = 0
-    progress: bool = True
-    plan: Path | None = None
-    store: str = "auto"
-    chunk_mib: int = 16
-    store_slots: int = 2
-    placement: str = "device"
-    fsdp: int = 1
-    strategy: Strategy = "plain"
-    fuyou: bool = False
-    page_params: bool = False
-    fuyou_read_ahead_mib: int | None = None
-    compile_cache: str = "auto"
+    model_options: ModelOptions
+    data_options: DataOptions
+    optim_options: OptimOptions
+    run_options: RunOptions
+    store_options: StoreOptions
+    strategy_options: StrategyOptions
+
+    def __init__(
+        self,
+        *,
+        model_options: ModelOptions | None = None,
+        data_options: DataOptions | None = None,
+        optim_options: OptimOptions | None = None,
+        run_options: RunOptions | None = None,
+        store_options: StoreOptions | None = None,
+        strategy_options: StrategyOptions | None = None,
+        **options: Any,
+    ) -> None:
+        unknown = [k for k in options if k not in GROUP_OF]
+        if unknown:
+            raise TypeError(f"TrainConfig got unexpected keyword arguments {unknown}")
+        given = {
+            "model_options": model_options,
+            "data_options": data_options,
+            "optim_options": optim_options,
+            "run_options": run_options,
+            "store_options": store_options,
+            "strategy_options": strategy_options,
+        }
+        for name, group in GROUPS.items():
+            value = given[name]
+            if value is None:
+                value = group()
+            elif not isinstance(value, group):
+                raise TypeError(f"TrainConfig: {name} must be a {group.__name__}, got {value!r}")
+            mine = {k: v for k, v in options.items() if GROUP_OF[k] == name}
+            if mine:
+                value = dataclasses.replace(value, **mine)
+            object.__setattr__(self, name, value)
+
+    # the options by their flat names, in FLAT_NAMES order (the command line's)
+    model = _Flat(lambda c: c.model_options.model)
+    policy = _Flat(lambda c: c.model_options.policy)
+    positions = _Flat(lambda c: c.model_options.positions)
+    dtype = _Flat(lambda c: c.model_options.dtype)
+    param_dtype = _Flat(lambda c: c.model_options.param_dtype)
+    batch_size = _Flat(lambda c: c.data_options.batch_size)
+    seq_len = _Flat(lambda c: c.data_options.seq_len)
+    steps = _Flat(lambda c: c.optim_options.steps)
+    optimizer = _Flat(lambda c: c.optim_options.optimizer)
+    lr = _Flat(lambda c: c.optim_options.lr)
+    warmup_steps = _Flat(lambda c: c.optim_options.warmup_steps)
+    weight_decay = _Flat(lambda c: c.optim_options.weight_decay)
+    clip_norm = _Flat(lambda c: c.optim_options.clip_norm)
+    seed = _Flat(lambda c: c.run_options.seed)
+    data = _Flat(lambda c: c.data_options.data)
+    tokenizer = _Flat(lambda c: c.data_options.tokenizer)
+    token_dtype = _Flat(lambda c: c.data_options.token_dtype)
+    val_fraction = _Flat(lambda c: c.data_options.val_fraction)
+    eval_every = _Flat(lambda c: c.run_options.eval_every)
+    eval_batches = _Flat(lambda c: c.run_options.eval_batches)
+    out_dir = _Flat(lambda c: c.run_options.out_dir)
+    ckpt_every = _Flat(lambda c: c.run_options.ckpt_every)
+    keep_checkpoints = _Flat(lambda c: c.run_options.keep_checkpoints)
+    resume = _Flat(lambda c: c.run_options.resume)
+    resume_fallback = _Flat(lambda c: c.run_options.resume_fallback)
+    resume_unverified = _Flat(lambda c: c.run_options.resume_unverified)
+    overwrite = _Flat(lambda c: c.run_options.overwrite)
+    stop_at = _Flat(lambda c: c.run_options.stop_at)
+    progress = _Flat(lambda c: c.run_options.progress)
+    plan = _Flat(lambda c: c.model_options.plan)
+    store = _Flat(lambda c: c.store_options.store)
+    chunk_mib = _Flat(lambda c: c.store_options.chunk_mib)
+    store_slots = _Flat(lambda c: c.store_options.store_slots)
+    placement = _Flat(lambda c: c.strategy_options.placement)
+    fsdp = _Flat(lambda c: c.strategy_options.fsdp)
+    strategy = _Flat(lambda c: c.strategy_options.strategy)
+    fuyou = _Flat(lambda c: c.strategy_options.fuyou)
+    page_params = _Flat(lambda c: c.strategy_options.page_params)
+    fuyou_read_ahead_mib = _Flat(lambda c: c.strategy_options.fuyou_read_ahead_mib)
+    compile_cache = _Flat(lambda c: c.run_options.compile_cache)
+
+    def options(self) -> dict[str, Any]:
+        """The options by their flat names, in :data:`FLAT_NAMES` order: the keyword
+        arguments that build this config again."""
+        return {name: getattr(self, name) for name in FLAT_NAMES}
 
     def validate(self) -> TrainConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
@@ -218,24 +225,22 @@ class TrainConfig:
                     f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}"
                 )
         self._check_fuyou(model)
-        if self.data is not None and not Path(self.data).exists():
-            raise ConfigError(f"--data {self.data}: no such file or directory")
-        _check_data_options(self.data, self.tokenizer, self.token_dtype)
-        _check_writable(Path(self.out_dir), "--out-dir", "choose another --out-dir")
+        self.data_options.check_files()
+        check_writable(Path(self.out_dir), "--out-dir", "choose another --out-dir")
         if not self.compile_cache.strip():
             raise ConfigError(
                 "--compile-cache is empty: give a directory, auto (<out-dir>/compile-cache) or "
                 "none (JAX's own setting)"
             )
         if self.compile_cache not in ("auto", "none"):
-            _check_writable(
+            check_writable(
                 Path(self.compile_cache).expanduser(),
                 "--compile-cache",
                 "choose another directory, auto or none",
             )
         store = self.store_dir()
         if store is not None:
-            _check_writable(store, "--store", "choose another --store directory, or --store none")
+            check_writable(store, "--store", "choose another --store directory, or --store none")
         return self
 
     def _check_fuyou(self, model) -> None:
@@ -363,11 +368,8 @@ class TrainConfig:
         return make_mesh(self.fsdp)
 
     def schedule(self) -> optax.Schedule:
-        # at least one warm-up step and one decay step, so that --steps 1 runs
-        warmup = max(min(self.warmup_steps, self.steps - 1), 1)
-        return optax.warmup_cosine_decay_schedule(
-            0.0, self.lr, warmup, max(self.steps, warmup + 1), end_value=self.lr * 0.1
-        )
+        """The learning rate by step (see :func:`jaxoff.train._optimizers.schedule`)."""
+        return schedule(self.optim_options)
 
     def build_optimizer(self) -> optax.GradientTransformation:
         """The optax chain: optional global-norm clipping, then the optimizer."""
@@ -375,41 +377,40 @@ class TrainConfig:
         return tx if pre is None else optax.chain(pre, tx)
 
     def build_optimizer_parts(self):
-        """``(clipping or None, the rest)``; the rest is paged when ``--store`` pages. With
-        ``--store`` the clipping is inside the paged transformation (it splits it off and
-        runs it on the gradients in RAM), except for FSDP blocks (:meth:`sharded_store`):
-        there the clipping must see the global gradients, so it is returned apart."""
-        lr = self.schedule()
-        make = {
-            "adamw": lambda: optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=self.weight_decay),
-            "adam": lambda: optax.adam(lr, b1=0.9, b2=0.95),
-            "lion": lambda: optax.lion(lr, weight_decay=self.weight_decay),
-            "sgd": lambda: optax.sgd(lr, momentum=0.9),
-            "rmsprop": lambda: optax.rmsprop(lr),
-        }
-        if self.optimizer not in make:
-            raise ConfigError(f"--optimizer must be one of {', '.join(make)}")
-        tx = make[self.optimizer]()
-        pre = optax.clip_by_global_norm(self.clip_norm) if self.clip_norm > 0 else None
-        store = self.store_dir()
-        if store is None:
-            return pre, tx
-        from ..optim import paged
-
-        if pre is not None and not self.sharded_store():
-            # the leading clip is split off and runs on the gradients in RAM
-            tx, pre = optax.chain(pre, tx), None
-        # every optimizer of the menu above is element-wise, and its paged update is compared
-        # bitwise with optax's in the tests: the probe would only cost seconds of tracing
-        return pre, paged(
-            tx, store, chunk_bytes=self.chunk_mib << 20, slots=self.store_slots, probe=False
+        """``(clipping or None, the rest)``; the rest is paged when ``--store`` pages (see
+        :func:`jaxoff.train._optimizers.build_optimizer_parts`; FSDP blocks, see
+        :meth:`sharded_store`, get the clipping apart)."""
+        store = self.store_options
+        return build_optimizer_parts(
+            self.optim_options,
+            self.store_dir(),
+            chunk_mib=store.chunk_mib,
+            slots=store.store_slots,
+            sharded=self.sharded_store(),
         )
 
     def to_json(self) -> dict:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values = self.options()
         values["model"] = self.model_label()
         values["processes"] = jax.process_count()  # a run resumes on as many processes
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
+
+
+def flat_options_type() -> type:
+    """A flat frozen dataclass of every option (field order :data:`FLAT_NAMES`, defaults and
+    docs from the groups): what the command line parses; ``TrainConfig(**vars(parsed))``
+    turns it into a config."""
+    fields, docs = [], []
+    for group in GROUPS.values():
+        hints = typing.get_type_hints(group)
+        doc = inspect.cleandoc(group.__doc__ or "")
+        docs.append(doc.split("Attributes:\n", 1)[1])
+        for f in dataclasses.fields(group):
+            fields.append((f.name, hints[f.name], dataclasses.field(default=f.default)))
+    fields.sort(key=lambda f: FLAT_NAMES.index(f[0]))
+    flat = dataclasses.make_dataclass("TrainConfig", fields, frozen=True)
+    flat.__doc__ = "Every option of ``jaxoff train``.\n\nAttributes:\n" + "\n".join(docs)
+    return flat
 
 
 # Fields that may differ between a run and its resumption without changing the result.
@@ -437,97 +438,3 @@ RESUMABLE_CHANGES = frozenset(
 
 def _opt(field: str) -> str:
     return field.replace("_", "-")
-
-
-def _check_data_options(data: Path | None, tokenizer: Path | None, token_dtype: str) -> None:
-    """--tokenizer and --token-dtype fit --data (the files themselves are read by training)."""
-    from ._data import TOKEN_DTYPES, TOKEN_FILE_SUFFIXES
-
-    is_token_file = data is not None and Path(data).suffix in TOKEN_FILE_SUFFIXES
-    if token_dtype != "auto" and token_dtype not in TOKEN_DTYPES:
-        raise ConfigError(
-            f"--token-dtype {token_dtype!r} is not a token type; choose auto or one of "
-            f"{', '.join(TOKEN_DTYPES)}"
-        )
-    if token_dtype != "auto" and not (
-        is_token_file and data is not None and Path(data).suffix == ".bin"
-    ):
-        raise ConfigError(
-            f"--token-dtype {token_dtype} applies to .bin token files, not to --data "
-            f"{data or 'default (text)'}; leave it at auto"
-        )
-    if tokenizer is not None:
-        if is_token_file:
-            raise ConfigError(
-                f"--data {data} is already tokens; --tokenizer encodes text files: leave it out"
-            )
-        if not Path(tokenizer).is_file():
-            raise ConfigError(f"--tokenizer {tokenizer}: no such file (a tokenizers JSON file)")
-
-
-def _check_writable(path: Path, option: str, alternative: str) -> None:
-    """Creates the directory ``path`` (given as ``option``) and proves a file can be written
-    there; the errors name ``alternative``, what the user can pass instead."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError(
-            f"{option} {path} is a file, not a directory; name a directory (it is created), "
-            f"or {alternative}"
-        )
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-probe-{os.getpid()}"  # processes of one run probe at once
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(
-            f"{option} {path} is not writable ({e.strerror}); {alternative}"
-        ) from None
-
-
-def _type_error(value, hint) -> str | None:
-    """What is wrong with a TOML ``value`` for a field annotated ``hint``; None if it fits."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is Literal:
-        return None if value in args else f"one of {', '.join(map(repr, args))}"
-    if args:  # a union, e.g. Path | None (TOML has no null: the value is one of the others)
-        errors = [_type_error(value, a) for a in args if a is not type(None)]
-        return None if None in errors else " or ".join(e for e in errors if e is not None)
-    ok = {
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, int | float) and not isinstance(value, bool),
-        str: isinstance(value, str),
-        Path: isinstance(value, str),
-    }
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    return None if ok.get(hint, True) else names.get(hint, "a path string")
-
-
-def load_config_file(path: Path | str) -> dict:
-    """Reads a TOML config file into ``TrainConfig`` keyword arguments (unknown keys refused)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file")
-    try:
-        values = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
-    values = values.get("train", values)
-    known = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"--config {path}: unknown keys {unknown}; valid keys are {', '.join(known)}"
-        )
-    hints = typing.get_type_hints(TrainConfig)
-    for key, value in values.items():
-        expected = _type_error(value, hints[key])
-        if expected is not None:
-            raise ConfigError(
-                f"--config {path}: {key} must be {expected}, got {value!r} "
-                f"({type(value).__name__}); fix that line or leave it out"
-            )
-    for key in ("data", "tokenizer", "out_dir", "plan"):
-        if values.get(key) is not None:
-            values[key] = Path(values[key])
-    return values

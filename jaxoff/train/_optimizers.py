@@ -1,0 +1,56 @@
+"""The optimizer of a run, built from its :class:`~jaxoff.train._options.OptimOptions`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optax
+
+from .._errors import ConfigError
+from ._options import OptimOptions
+
+
+def schedule(opt: OptimOptions) -> optax.Schedule:
+    """Linear warm-up to ``lr``, then cosine decay to 10% of it over ``steps``."""
+    # at least one warm-up step and one decay step, so that --steps 1 runs
+    warmup = max(min(opt.warmup_steps, opt.steps - 1), 1)
+    return optax.warmup_cosine_decay_schedule(
+        0.0, opt.lr, warmup, max(opt.steps, warmup + 1), end_value=opt.lr * 0.1
+    )
+
+
+def build_optimizer_parts(
+    opt: OptimOptions,
+    store: Path | None = None,
+    *,
+    chunk_mib: int = 16,
+    slots: int = 2,
+    sharded: bool = False,
+):
+    """``(clipping or None, the rest)``; the rest is paged into ``store`` (chunks of
+    ``chunk_mib`` MiB, ``slots`` slots) unless it is None. With a store the clipping is
+    inside the paged transformation (it splits it off and runs it on the gradients in RAM),
+    except for FSDP blocks (``sharded``): there the clipping must see the global gradients,
+    so it is returned apart."""
+    lr = schedule(opt)
+    make = {
+        "adamw": lambda: optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=opt.weight_decay),
+        "adam": lambda: optax.adam(lr, b1=0.9, b2=0.95),
+        "lion": lambda: optax.lion(lr, weight_decay=opt.weight_decay),
+        "sgd": lambda: optax.sgd(lr, momentum=0.9),
+        "rmsprop": lambda: optax.rmsprop(lr),
+    }
+    if opt.optimizer not in make:
+        raise ConfigError(f"--optimizer must be one of {', '.join(make)}")
+    tx = make[opt.optimizer]()
+    pre = optax.clip_by_global_norm(opt.clip_norm) if opt.clip_norm > 0 else None
+    if store is None:
+        return pre, tx
+    from ..optim import paged
+
+    if pre is not None and not sharded:
+        # the leading clip is split off and runs on the gradients in RAM
+        tx, pre = optax.chain(pre, tx), None
+    # every optimizer of the menu above is element-wise, and its paged update is compared
+    # bitwise with optax's in the tests: the probe would only cost seconds of tracing
+    return pre, paged(tx, store, chunk_bytes=chunk_mib << 20, slots=slots, probe=False)

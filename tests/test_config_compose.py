@@ -1,0 +1,466 @@
+"""TrainConfig is composed of frozen groups of options; its flat names, its ``config.json``
+and its command line are what they were when it was one flat dataclass."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxoff.train import TrainConfig
+from jaxoff.train._config import FLAT_NAMES, _Flat
+from jaxoff.train._options import (
+    GROUP_OF,
+    GROUPS,
+    DataOptions,
+    ModelOptions,
+    OptimOptions,
+    RunOptions,
+    StoreOptions,
+    StrategyOptions,
+)
+
+# three configs, and ``json.dumps(cfg.to_json(), indent=2, sort_keys=True)`` of each as the
+# flat TrainConfig wrote it (config.json's bytes: a run resumes only when they match)
+CONFIGS = {
+    "default": {},
+    "tiny": dict(
+        model="tiny",
+        steps=6,
+        store="auto",
+        out_dir=Path("/tmp/run"),
+        chunk_mib=1,
+        store_slots=1,
+        lr=1e-3,
+        clip_norm=0.0,
+        data=Path("corpus.bin"),
+        token_dtype="uint32",
+        stop_at=3,
+        progress=False,
+    ),
+    "fuyou": dict(
+        model="llama-tiny",
+        strategy="fuyou",
+        fuyou=True,
+        page_params=True,
+        fuyou_read_ahead_mib=4,
+        policy="full",
+        positions="rotary",
+        dtype="bfloat16",
+        param_dtype="float32",
+        optimizer="lion",
+        weight_decay=0.0,
+        resume=True,
+        resume_fallback=True,
+        resume_unverified=True,
+        overwrite=True,
+        compile_cache="none",
+        plan=Path("p.json"),
+        tokenizer=Path("t.json"),
+        fsdp=1,
+        placement="device",
+        seed=7,
+        eval_every=0,
+        eval_batches=2,
+        ckpt_every=5,
+        keep_checkpoints=3,
+        val_fraction=0.1,
+        batch_size=4,
+        seq_len=32,
+        warmup_steps=2,
+        store="/tmp/st",
+    ),
+}
+EXPECTED_JSON = {
+    "default": json.dumps(
+        {
+            "batch_size": 16,
+            "chunk_mib": 16,
+            "ckpt_every": 100,
+            "clip_norm": 1.0,
+            "compile_cache": "auto",
+            "data": None,
+            "dtype": None,
+            "eval_batches": 4,
+            "eval_every": 50,
+            "fsdp": 1,
+            "fuyou": False,
+            "fuyou_read_ahead_mib": None,
+            "keep_checkpoints": 2,
+            "lr": 0.003,
+            "model": "mini",
+            "optimizer": "adamw",
+            "out_dir": "runs/default",
+            "overwrite": False,
+            "page_params": False,
+            "param_dtype": None,
+            "placement": "device",
+            "plan": None,
+            "policy": "none",
+            "positions": None,
+            "processes": 1,
+            "progress": True,
+            "resume": False,
+            "resume_fallback": False,
+            "resume_unverified": False,
+            "seed": 0,
+            "seq_len": 128,
+            "steps": 300,
+            "stop_at": 0,
+            "store": "auto",
+            "store_slots": 2,
+            "strategy": "plain",
+            "token_dtype": "auto",
+            "tokenizer": None,
+            "val_fraction": 0.05,
+            "warmup_steps": 30,
+            "weight_decay": 0.1,
+        },
+        indent=2,
+        sort_keys=True,
+    ),
+    "tiny": json.dumps(
+        {
+            "batch_size": 16,
+            "chunk_mib": 1,
+            "ckpt_every": 100,
+            "clip_norm": 0.0,
+            "compile_cache": "auto",
+            "data": "corpus.bin",
+            "dtype": None,
+            "eval_batches": 4,
+            "eval_every": 50,
+            "fsdp": 1,
+            "fuyou": False,
+            "fuyou_read_ahead_mib": None,
+            "keep_checkpoints": 2,
+            "lr": 0.001,
+            "model": "tiny",
+            "optimizer": "adamw",
+            "out_dir": "/tmp/run",
+            "overwrite": False,
+            "page_params": False,
+            "param_dtype": None,
+            "placement": "device",
+            "plan": None,
+            "policy": "none",
+            "positions": None,
+            "processes": 1,
+            "progress": False,
+            "resume": False,
+            "resume_fallback": False,
+            "resume_unverified": False,
+            "seed": 0,
+            "seq_len": 128,
+            "steps": 6,
+            "stop_at": 3,
+            "store": "auto",
+            "store_slots": 1,
+            "strategy": "plain",
+            "token_dtype": "uint32",
+            "tokenizer": None,
+            "val_fraction": 0.05,
+            "warmup_steps": 30,
+            "weight_decay": 0.1,
+        },
+        indent=2,
+        sort_keys=True,
+    ),
+    "fuyou": json.dumps(
+        {
+            "batch_size": 4,
+            "chunk_mib": 16,
+            "ckpt_every": 5,
+            "clip_norm": 1.0,
+            "compile_cache": "none",
+            "data": None,
+            "dtype": "bfloat16",
+            "eval_batches": 2,
+            "eval_every": 0,
+            "fsdp": 1,
+            "fuyou": True,
+            "fuyou_read_ahead_mib": 4,
+            "keep_checkpoints": 3,
+            "lr": 0.003,
+            "model": "llama-tiny",
+            "optimizer": "lion",
+            "out_dir": "runs/default",
+            "overwrite": True,
+            "page_params": True,
+            "param_dtype": "float32",
+            "placement": "device",
+            "plan": "p.json",
+            "policy": "full",
+            "positions": "rotary",
+            "processes": 1,
+            "progress": True,
+            "resume": True,
+            "resume_fallback": True,
+            "resume_unverified": True,
+            "seed": 7,
+            "seq_len": 32,
+            "steps": 300,
+            "stop_at": 0,
+            "store": "/tmp/st",
+            "store_slots": 2,
+            "strategy": "fuyou",
+            "token_dtype": "auto",
+            "tokenizer": "t.json",
+            "val_fraction": 0.1,
+            "warmup_steps": 2,
+            "weight_decay": 0.0,
+        },
+        indent=2,
+        sort_keys=True,
+    ),
+}
+
+# the keys of to_json() in order (the flat dataclass's field order, then processes)
+ORDER = [
+    "model",
+    "policy",
+    "positions",
+    "dtype",
+    "param_dtype",
+    "batch_size",
+    "seq_len",
+    "steps",
+    "optimizer",
+    "lr",
+    "warmup_steps",
+    "weight_decay",
+    "clip_norm",
+    "seed",
+    "data",
+    "tokenizer",
+    "token_dtype",
+    "val_fraction",
+    "eval_every",
+    "eval_batches",
+    "out_dir",
+    "ckpt_every",
+    "keep_checkpoints",
+    "resume",
+    "resume_fallback",
+    "resume_unverified",
+    "overwrite",
+    "stop_at",
+    "progress",
+    "plan",
+    "store",
+    "chunk_mib",
+    "store_slots",
+    "placement",
+    "fsdp",
+    "strategy",
+    "fuyou",
+    "page_params",
+    "fuyou_read_ahead_mib",
+    "compile_cache",
+    "processes",
+]
+
+# every option of `jaxoff train` on one command line, and what the flat TrainConfig it
+# parsed into wrote as config.json
+ARGV = [
+    "--model",
+    "llama-tiny",
+    "--policy",
+    "full",
+    "--positions",
+    "rotary",
+    "--dtype",
+    "bfloat16",
+    "--param-dtype",
+    "float32",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--steps",
+    "9",
+    "--optimizer",
+    "lion",
+    "--lr",
+    "0.002",
+    "--warmup-steps",
+    "2",
+    "--weight-decay",
+    "0.0",
+    "--clip-norm",
+    "0.0",
+    "--seed",
+    "7",
+    "--data",
+    "corpus.bin",
+    "--tokenizer",
+    "tok.json",
+    "--token-dtype",
+    "uint32",
+    "--val-fraction",
+    "0.1",
+    "--eval-every",
+    "0",
+    "--eval-batches",
+    "2",
+    "--out-dir",
+    "/tmp/cc/run",
+    "--ckpt-every",
+    "5",
+    "--keep-checkpoints",
+    "3",
+    "--resume",
+    "--resume-fallback",
+    "--resume-unverified",
+    "--overwrite",
+    "--stop-at",
+    "4",
+    "--no-progress",
+    "--plan",
+    "plan.json",
+    "--store",
+    "/tmp/cc/st",
+    "--chunk-mib",
+    "2",
+    "--store-slots",
+    "1",
+    "--placement",
+    "host_opt",
+    "--fsdp",
+    "1",
+    "--strategy",
+    "fuyou",
+    "--fuyou",
+    "--page-params",
+    "--fuyou-read-ahead-mib",
+    "3",
+    "--compile-cache",
+    "none",
+]
+ARGV_JSON = json.dumps(
+    {
+        "batch_size": 4,
+        "chunk_mib": 2,
+        "ckpt_every": 5,
+        "clip_norm": 0.0,
+        "compile_cache": "none",
+        "data": "corpus.bin",
+        "dtype": "bfloat16",
+        "eval_batches": 2,
+        "eval_every": 0,
+        "fsdp": 1,
+        "fuyou": True,
+        "fuyou_read_ahead_mib": 3,
+        "keep_checkpoints": 3,
+        "lr": 0.002,
+        "model": "llama-tiny",
+        "optimizer": "lion",
+        "out_dir": "/tmp/cc/run",
+        "overwrite": True,
+        "page_params": True,
+        "param_dtype": "float32",
+        "placement": "host_opt",
+        "plan": "plan.json",
+        "policy": "full",
+        "positions": "rotary",
+        "processes": 1,
+        "progress": False,
+        "resume": True,
+        "resume_fallback": True,
+        "resume_unverified": True,
+        "seed": 7,
+        "seq_len": 32,
+        "steps": 9,
+        "stop_at": 4,
+        "store": "/tmp/cc/st",
+        "store_slots": 1,
+        "strategy": "fuyou",
+        "token_dtype": "uint32",
+        "tokenizer": "tok.json",
+        "val_fraction": 0.1,
+        "warmup_steps": 2,
+        "weight_decay": 0.0,
+    },
+    indent=2,
+    sort_keys=True,
+)
+
+
+GROUP_TYPES = (ModelOptions, DataOptions, OptimOptions, RunOptions, StoreOptions, StrategyOptions)
+
+
+def test_groups_are_frozen_and_disjoint():
+    cfg = TrainConfig()
+    for name, group in GROUPS.items():
+        value = getattr(cfg, name)
+        assert type(value) is group and value == group()
+        field = dataclasses.fields(group)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model_options = ModelOptions()  # type: ignore[misc]
+    names = [f.name for g in GROUP_TYPES for f in dataclasses.fields(g)]
+    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 40
+    assert sorted(names) == sorted(FLAT_NAMES) == sorted(GROUP_OF)
+    assert FLAT_NAMES == tuple(ORDER[:-1]) and ORDER[-1] == "processes"
+    # each flat name reads its group's option, in FLAT_NAMES order
+    flat = [n for n, v in vars(TrainConfig).items() if isinstance(v, _Flat)]
+    assert tuple(flat) == FLAT_NAMES
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_flat_construction_is_grouped_construction(name):
+    flat = TrainConfig(**CONFIGS[name])
+    groups = {
+        g: cls(**{k: v for k, v in CONFIGS[name].items() if GROUP_OF[k] == g})
+        for g, cls in GROUPS.items()
+    }
+    grouped = TrainConfig(**groups)
+    assert flat == grouped and hash(flat) == hash(grouped)
+    for key, value in CONFIGS[name].items():
+        assert getattr(flat, key) == value == getattr(getattr(flat, GROUP_OF[key]), key)
+    assert TrainConfig(**flat.options()) == flat
+    # a flat name given with its group replaces that option of the group
+    mixed = TrainConfig(optim_options=groups["optim_options"], lr=0.5, seed=3)
+    assert mixed.lr == 0.5 and mixed.seed == 3 and mixed.steps == flat.steps
+
+
+def test_dataclasses_replace_takes_flat_names():
+    cfg = TrainConfig(**CONFIGS["tiny"])
+    again = dataclasses.replace(cfg, stop_at=0, resume=True, lr=0.25)
+    assert (again.stop_at, again.resume, again.lr) == (0, True, 0.25)
+    assert again.steps == 6 and again.store_slots == 1 and again.data == Path("corpus.bin")
+    assert dataclasses.replace(again, stop_at=3, resume=False, lr=1e-3) == cfg
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['stpes'\\]"):
+        TrainConfig(stpes=6)
+    with pytest.raises(TypeError, match="must be a OptimOptions"):
+        TrainConfig(optim_options=RunOptions())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_to_json_is_byte_identical_to_the_flat_config(name):
+    out = TrainConfig(**CONFIGS[name]).to_json()
+    assert json.dumps(out, indent=2, sort_keys=True) == EXPECTED_JSON[name]
+    assert list(out) == ORDER
+
+
+def test_every_cli_option_maps_to_the_same_option(monkeypatch):
+    import jaxoff.train
+    from jaxoff import cli
+
+    got = []
+    monkeypatch.setattr(jaxoff.train, "train", got.append)
+    assert cli.main(["train", *ARGV]) == 0
+    (cfg,) = got
+    assert isinstance(cfg, TrainConfig)
+    assert json.dumps(cfg.to_json(), indent=2, sort_keys=True) == ARGV_JSON
+    flags = {a[2:].replace("-", "_") for a in ARGV if a.startswith("--")} - {"no_progress"}
+    assert flags | {"progress"} == set(FLAT_NAMES)  # the command line names every option
+
+
+def test_toml_file_takes_flat_names(tmp_path):
+    from jaxoff.train import load_config_file
+
+    (tmp_path / "run.toml").write_text('[train]\nlr = 0.5\nstore = "none"\nout_dir = "x"\n')
+    cfg = TrainConfig(**load_config_file(tmp_path / "run.toml"))
+    assert (cfg.optim_options.lr, cfg.store_options.store, cfg.out_dir) == (0.5, "none", Path("x"))
