@@ -276,11 +276,23 @@ def test_state_in_blocks_is_refused_where_a_custom_vjp_runs_the_layers():
         assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("feature", ["fuyou", "sharded"])
-def test_fuyou_and_the_sharded_step_refuse_model_state_in_one_line(feature):
-    with pytest.raises(ConfigError, match=r"RngCount.*(without --fuyou|--store none)") as e:
-        check_model(InputsConfig(dropout=0.1), needs=[feature])
-    assert "\n" not in str(e.value)
+@pytest.mark.parametrize(
+    ("options", "advice"),
+    [
+        (dict(fuyou=True, clip_norm=0.0), "train it without --fuyou"),
+        (dict(fsdp=2), "--fsdp and --store none"),
+    ],
+    ids=["fuyou", "sharded"],
+)
+def test_fuyou_and_the_sharded_step_refuse_model_state_in_one_line(tmp_path, options, advice):
+    cfg = TrainConfig(
+        batch_size=4, seq_len=16, steps=2, eval_every=0, ckpt_every=0, progress=False,
+        store="auto", chunk_mib=1, out_dir=tmp_path / "run", **options,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="RngCount, RngKey") as e:
+        train(cfg, model=InputsConfig(dropout=0.1))
+    assert advice in str(e.value) and "\n" not in str(e.value)
+    feature = "fuyou" if options.get("fuyou") else "sharded"
     assert check_model(InputsConfig(), needs=[feature])  # no such state: accepted
 
 

@@ -40,6 +40,9 @@ class ShardedPagedStep(_OptaxStep):
     """
 
     def __init__(self, model_cfg, pre, tx, mesh, placement=None, seed: int = 0):
+        from ..nn import check_model
+
+        check_model(model_cfg, needs=["sharded"])  # nnx.Param state only: one line if not
         self.model_cfg, self.pre, self.tx, self.mesh = model_cfg, pre, tx, mesh
         self.placement, self.seed = placement, seed
         self.graphdef: Any = None  # set by init() or restore()
