@@ -91,7 +91,7 @@ def _digest_arrays(named) -> str:
 def _tree_pairs(tree) -> list:
     import jax
 
-    from jaxoff.optim import path_name
+    from jaxoff.optim.chunks import path_name
 
     if tree is None:
         return []

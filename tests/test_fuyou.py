@@ -310,7 +310,7 @@ def test_builds_on_the_public_chunk_update_api_only():
 
 def test_update_leaf_takes_one_head_chunk_or_several_not_both(tmp_path):
     from jaxoff.aio import new_token
-    from jaxoff.optim import chunk_updater
+    from jaxoff.optim.chunks import chunk_updater
 
     updater = chunk_updater(paged(inner(), tmp_path / "s", chunk_bytes=CHUNK))
     plan = updater.plan({"w": jnp.zeros((3, 5), jnp.float32)})

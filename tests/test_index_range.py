@@ -15,7 +15,8 @@ import optax
 import pytest
 
 from jaxoff.aio import PageStore, new_token
-from jaxoff.optim import NotElementwiseError, chunk_updater, paged
+from jaxoff.optim import NotElementwiseError, paged
+from jaxoff.optim.chunks import chunk_updater
 from jaxoff.strategies.fuyou import _layout as _fuyou
 
 CHUNK = 1 << 20  # 262144 float32 elements

@@ -1,30 +1,20 @@
-"""Paged optimizers: optax state and fp32 master weights in a page store, updated chunk by chunk;
-and `fused_adamw`, optax.adamw as one fused C++ pass; the chunk-update API (`chunk_updater`)
-for strategies that page the update themselves."""
+"""The paged optimizer: optax state and fp32 master weights in a page store, updated chunk by
+chunk; and `fused_adamw`, optax.adamw as one fused C++ pass.
 
-from ._checkpoint import copy_in as copy_in
-from ._checkpoint import copy_out as copy_out
+`paged` wraps an element-wise optax transformation (`PagedTransformation`; its state is a
+`PagedState` whose paged tensors show as `PagedTensors`); `update_and_apply` runs its update
+and applies it in one pass. A paged state is checkpointed with its pages: `save_paged` /
+`restore_paged` (a directory), `PagedSave` / `PagedRestore` (orbax, through
+`PagedCheckpointHandler`), and `load_state` reads the store's last committed version after a
+crash. `DEFAULT_CHUNK_BYTES` and `DEFAULT_ENGINE` are `paged`'s defaults.
+
+Strategies that page the update themselves build on `jaxoff.optim.chunks`.
+"""
+
 from ._checkpoint import load_state as load_state
 from ._checkpoint import restore_paged as restore_paged
 from ._checkpoint import save_paged as save_paged
 from ._checks import NotElementwiseError as NotElementwiseError
-from ._chunks_api import RAM_ENTRY as RAM_ENTRY
-from ._chunks_api import ChunkUpdater as ChunkUpdater
-from ._chunks_api import EntryIO as EntryIO
-from ._chunks_api import LeafPlan as LeafPlan
-from ._chunks_api import Plan as Plan
-from ._chunks_api import chunk_updater as chunk_updater
-from ._chunks_api import commit_gate as commit_gate
-from ._chunks_api import crc_shapes as crc_shapes
-from ._chunks_api import ends_with_paged as ends_with_paged
-from ._chunks_api import entry_ios as entry_ios
-from ._chunks_api import pack_crcs as pack_crcs
-from ._chunks_api import path_name as path_name
-from ._chunks_api import ram_bytes as ram_bytes
-from ._chunks_api import ram_bytes_np as ram_bytes_np
-from ._chunks_api import unpack_crcs as unpack_crcs
-from ._chunks_api import write_chunk as write_chunk
-from ._commit import StepCommit as StepCommit
 from ._fused import FusedAdamW as FusedAdamW
 from ._fused import FusedAdamWState as FusedAdamWState
 from ._fused import fused_adamw as fused_adamw
@@ -36,37 +26,12 @@ from ._paged import DEFAULT_ENGINE as DEFAULT_ENGINE
 from ._paged import PagedState as PagedState
 from ._paged import PagedTransformation as PagedTransformation
 from ._paged import paged as paged
-from ._paged import ram_from_bytes as ram_from_bytes
 from ._paged import update_and_apply as update_and_apply
-from ._pipeline import as_bits as as_bits
 from ._state import PagedTensors as PagedTensors
-from ._stepplan import ChunkIO as ChunkIO
-from ._stepplan import StepPlan as StepPlan
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_ENGINE",
-    "RAM_ENTRY",
-    "ChunkUpdater",
-    "EntryIO",
-    "LeafPlan",
-    "Plan",
-    "StepCommit",
-    "StepPlan",
-    "ChunkIO",
-    "as_bits",
-    "chunk_updater",
-    "commit_gate",
-    "crc_shapes",
-    "ends_with_paged",
-    "entry_ios",
-    "pack_crcs",
-    "path_name",
-    "ram_bytes",
-    "ram_bytes_np",
-    "unpack_crcs",
-    "ram_from_bytes",
-    "write_chunk",
     "FusedAdamW",
     "FusedAdamWState",
     "NotElementwiseError",
@@ -76,8 +41,6 @@ __all__ = [
     "PagedState",
     "PagedTensors",
     "PagedTransformation",
-    "copy_in",
-    "copy_out",
     "fused_adamw",
     "load_state",
     "paged",
@@ -85,3 +48,49 @@ __all__ = [
     "save_paged",
     "update_and_apply",
 ]
+
+# Names that moved to `jaxoff.optim.chunks`: still importable from here for code written
+# before it (with a DeprecationWarning), but no longer part of this module's API.
+_MOVED_TO_CHUNKS = frozenset(
+    {
+        "RAM_ENTRY",
+        "ChunkIO",
+        "ChunkUpdater",
+        "EntryIO",
+        "LeafPlan",
+        "Plan",
+        "StepCommit",
+        "StepPlan",
+        "as_bits",
+        "chunk_updater",
+        "commit_gate",
+        "copy_in",
+        "copy_out",
+        "crc_shapes",
+        "ends_with_paged",
+        "entry_ios",
+        "pack_crcs",
+        "path_name",
+        "ram_bytes",
+        "ram_bytes_np",
+        "ram_from_bytes",
+        "unpack_crcs",
+        "write_chunk",
+    }
+)
+
+
+def __getattr__(name: str):
+    if name not in _MOVED_TO_CHUNKS:
+        raise AttributeError(f"module 'jaxoff.optim' has no attribute {name!r}")
+    import warnings
+
+    from . import chunks
+
+    warnings.warn(
+        f"jaxoff.optim.{name} moved to jaxoff.optim.chunks (the chunk API for strategy "
+        f"authors): import it from there",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(chunks, name)

@@ -11,7 +11,8 @@ them.
 
 Example:
     >>> import optax, tempfile, jax.numpy as jnp
-    >>> from jaxoff.optim import chunk_updater, paged
+    >>> from jaxoff.optim import paged
+    >>> from jaxoff.optim.chunks import chunk_updater
     >>> tx = paged(optax.adamw(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=4096)
     >>> updater = chunk_updater(tx)
     >>> plan = updater.plan({"w": jnp.ones((3, 5), jnp.bfloat16)})

@@ -98,6 +98,8 @@ def ram_bytes_np(plan: Plan, leaves) -> np.ndarray:
 
 
 def ram_from_bytes(plan: Plan, raw: np.ndarray) -> list[np.ndarray]:
+    """The RAM leaves that `ram_bytes` / `ram_bytes_np` encoded as ``raw`` (the ``ram``
+    entry's bytes), as numpy arrays of ``plan``'s ``ram_avals``."""
     out, pos = [], 0
     for a in plan.ram_avals:
         dt = np.dtype(a.dtype)

@@ -80,6 +80,11 @@ class LeafPlan:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
+    """How a paged optimizer's state for one parameter tree is cut into store entries and
+    chunks (`make_plan`; ``ChunkUpdater.plan``): per parameter leaf a `LeafPlan`, the store
+    entries (`EntryPlan`: masters and state tensors), the inner state's tree with its RAM
+    leaves, and `store_entries`, the page store layout it needs."""
+
     params_def: Any
     leaves: tuple[LeafPlan, ...]
     entries: tuple[EntryPlan, ...]

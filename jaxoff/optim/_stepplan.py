@@ -16,7 +16,8 @@ walk as data:
   are the same question asked in two orders, answered here for both.
 
 >>> import optax, tempfile, jax.numpy as jnp
->>> from jaxoff.optim import chunk_updater, paged
+>>> from jaxoff.optim import paged
+>>> from jaxoff.optim.chunks import chunk_updater
 >>> tx = paged(optax.adam(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=4096)
 >>> plan = chunk_updater(tx).plan({"w": jnp.ones((2, 1500), jnp.float32)})
 >>> sp = StepPlan(plan)
@@ -59,7 +60,7 @@ class StepPlan:
     """The chunks a paged step moves, over a chunk `Plan`.
 
     Args:
-      plan: the chunk plan (`jaxoff.optim.chunk_updater(tx).plan(params)`).
+      plan: the chunk plan (`jaxoff.optim.chunks.chunk_updater(tx).plan(params)`).
       parts: per leaf, the equal parts it is paged in (1: whole; a stacked block leaf of
         ``L`` layers paged a layer at a time: ``L``); default all 1.
     """

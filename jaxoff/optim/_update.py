@@ -1,5 +1,5 @@
 """The traced update of a `paged` optimizer: every leaf, chunk by chunk, through the split-phase
-paging pipeline, between the state's check and the commit (`jaxoff.optim.StepCommit`)."""
+paging pipeline, between the state's check and the commit (`jaxoff.optim.chunks.StepCommit`)."""
 
 from __future__ import annotations
 

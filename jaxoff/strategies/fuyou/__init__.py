@@ -7,7 +7,7 @@ the stacked blocks whose body computes layer ``j``'s gradients (the block's VJP,
 recomputed from its saved input as under ``nothing_saveable``) and pages layer ``j + 1``'s
 fp32 master and moments through the update (its gradients come from the previous body):
 split-phase reads, the chunk arithmetic of ``jaxoff.paged`` (through its public chunk-update
-API, `jaxoff.optim.chunk_updater`, so every element is bitwise what the sequential paged
+API, `jaxoff.optim.chunks.chunk_updater`, so every element is bitwise what the sequential paged
 update computes) and write-behind writes. Layer 0 is updated after the scan, then the
 embeddings, final norm and head.
 
@@ -39,8 +39,8 @@ The package: `_layout` (the store layout and the tables the step indexes), `_ste
 step: forward, the backward scan's body and the tail update, over one `_step.StepContext`),
 `_loss` (the loss of a ``page_params`` model), `_checkpoint` (init, save, restore), `_bits`
 (layers of the stacked leaves as bits), `_params` (the paged block parameters). The state
-is checked and committed with the plain paged step's protocol (``jaxoff.optim.StepCommit``),
-and the read-ahead chosen by its step plan (``jaxoff.optim.StepPlan``).
+is checked and committed with the plain paged step's protocol (``jaxoff.optim.chunks.StepCommit``),
+and the read-ahead chosen by its step plan (``jaxoff.optim.chunks.StepPlan``).
 
 Global operations that need every gradient first (``clip_by_global_norm``, ...) are refused.
 

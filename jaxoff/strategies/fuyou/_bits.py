@@ -10,7 +10,7 @@ from flax import nnx
 from jax import lax
 
 from jaxoff._xla import is_half_float
-from jaxoff.optim import (
+from jaxoff.optim.chunks import (
     as_bits,
 )
 

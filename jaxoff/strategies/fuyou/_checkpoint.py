@@ -14,7 +14,7 @@ from jaxoff._errors import ConfigError
 from jaxoff.aio import (
     PageStoreError,
 )
-from jaxoff.optim import (
+from jaxoff.optim.chunks import (
     RAM_ENTRY,
     copy_in,
     copy_out,

@@ -24,10 +24,10 @@ from jaxoff.aio import (
     unregister_file_table,
 )
 from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
-from jaxoff.optim import (
+from jaxoff.optim import PagedTransformation
+from jaxoff.optim.chunks import (
     RAM_ENTRY,
     ChunkUpdater,
-    PagedTransformation,
     Plan,
     StepCommit,
     StepPlan,

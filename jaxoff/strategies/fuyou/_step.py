@@ -21,7 +21,7 @@ from jaxoff.aio import (
     page_flush,
     page_out,
 )
-from jaxoff.optim import (
+from jaxoff.optim.chunks import (
     ChunkUpdater,
     EntryIO,
     Plan,
@@ -145,7 +145,7 @@ def _context(opts: _Options, param_dtype, state) -> StepContext:
     if opts.page_params:
         fp.check_placeholders(leaves, bidx)
     read_slot = (opt.version % 2).astype(jnp.int32)
-    # the state is the store's committed version (`jaxoff.optim.StepCommit`): every read of
+    # the state is the store's committed version (`jaxoff.optim.chunks.StepCommit`): every read of
     # the optimizer state follows this check
     assert lay.commits is not None  # `_layout` sets it on every layout it returns
     checked = new_token() + lay.commits.check(opt.version, [*opt.crcs, *opt.params])
