@@ -39,14 +39,15 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-if ! python3 -c "import jaxoff._ffi" 2>/dev/null; then
+if ! python3 -c "import jaxoff.aio" 2>/dev/null; then  # loads the built extension
   echo "== build $(date +%T)"
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout 300 python3 -m pip install --no-build-isolation \
     --no-deps -e . >"$OUT/build.log" 2>&1
   echo "== build: exit $? $(date +%T)"
   grep -E "jaxoff:|Error|error:" "$OUT/build.log" | head -20
 fi
-python3 -X faulthandler -c "import jaxoff, jaxoff._ffi as f; from jaxoff.aio import cuda_status, backend_status; print(cuda_status()); print(backend_status())"
+# jaxoff.aio loads the extension before jax (the order that once crashed: results/gpu/diagnosis.txt)
+python3 -X faulthandler -c "import jaxoff; from jaxoff.aio import cuda_status, backend_status; print(cuda_status()); print(backend_status())"
 
 # Records of an earlier session on the same kind of GPU (SEED, default bench/results/gpu for
 # an H200, bench/results/gpu-h100 for an H100): their verdicts are kept.

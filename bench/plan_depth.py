@@ -1,5 +1,5 @@
 """How a scanned step's device temporaries grow with depth: the figure the planner's
-pricing extrapolates (``jaxoff.plan._price``). Compiles one plan at several depths and
+pricing extrapolates (``jaxoff.plan.Pricer``). Compiles one plan at several depths and
 reports the per-layer growth and the error of extrapolating from two depths.
 
     python bench/plan_depth.py --json bench/results/plan_depth/NAME.json
@@ -14,9 +14,7 @@ from pathlib import Path
 
 from plan_probe import SHAPES  # the two probed shapes (this script's directory)
 
-from jaxoff.plan import profile
-from jaxoff.plan._config import preset_plan
-from jaxoff.plan._profile import measured_temp_bytes
+from jaxoff.plan import measured_temp_bytes, preset_plan, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
 from _common.results import write_result  # noqa: E402

@@ -25,15 +25,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 from jaxoff.nn import load_model
-from jaxoff.placement import _jit
-from jaxoff.plan import profile
-from jaxoff.plan._config import compared_presets, preset_plan
-from jaxoff.plan._hardware import preset
-from jaxoff.plan._price import Pricer
-from jaxoff.plan._profile import measured_temp_bytes
+from jaxoff.placement import xla_default_options
+from jaxoff.plan import Pricer, compared_presets, measured_temp_bytes, preset, preset_plan, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
 from _common.results import write_result  # noqa: E402
@@ -44,7 +39,7 @@ HW = preset("h100-sxm")
 def _xla_default():
     """``compile_step`` with the options turned off (XLA's default compile): ``jit_step``
     jits it without them."""
-    return mock.patch.object(_jit, "compiler_options", lambda *a, **k: {})
+    return xla_default_options()
 
 
 def run_model(model: str, layers: int, batch: int, seq: int) -> list[dict]:

@@ -14,10 +14,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 from test_plan_heldout import HW, PLANS, _plan  # noqa: E402
 
-from jaxoff.plan import Plan, evaluate, profile  # noqa: E402
-from jaxoff.plan._profile import measured_temp_bytes  # noqa: E402
-from models.gpt import GPTConfig  # noqa: E402
-from models.llama import LlamaConfig  # noqa: E402
+from jaxoff.models.gpt import GPTConfig  # noqa: E402
+from jaxoff.models.llama import LlamaConfig  # noqa: E402
+from jaxoff.plan import Plan, evaluate, measured_temp_bytes, profile  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/: the result writer
 from _common.results import RESULTS, write_result  # noqa: E402

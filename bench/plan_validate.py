@@ -28,11 +28,18 @@ import time
 from pathlib import Path
 
 from jaxoff.nn import load_model
-from jaxoff.plan import Plan, evaluate, profile, solve
-from jaxoff.plan._config import compared_presets, preset_plan
-from jaxoff.plan._hardware import calibrate
-from jaxoff.plan._price import Pricer, solve_priced
-from jaxoff.plan._profile import measured_temp_bytes
+from jaxoff.plan import (
+    Plan,
+    Pricer,
+    calibrate,
+    compared_presets,
+    evaluate,
+    measured_temp_bytes,
+    preset_plan,
+    profile,
+    solve,
+    solve_priced,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
 from _common.results import write_result  # noqa: E402
@@ -122,7 +129,7 @@ def memory_grid(models, shapes, dtypes, seed, hw, out, layers=None):
 
 
 def speed_under_budget(model, batch, seq, frac, steps, hw, out):
-    from jaxoff.compare._measure import measure_policy
+    from jaxoff.compare import measure_policy
 
     cfg = load_model(model)
     prof = profile(cfg, batch, seq, model=model)

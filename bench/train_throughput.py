@@ -21,8 +21,7 @@ import optax
 import tyro
 from flax import nnx
 
-from jaxoff.train import Batches, TrainConfig, load_corpus, train
-from jaxoff.train._data import split
+from jaxoff.train import Batches, TrainConfig, load_corpus, split, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
 from _common.results import write_result  # noqa: E402

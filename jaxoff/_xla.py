@@ -14,11 +14,18 @@ GPUs compute 16-bit floats natively; there the options are empty.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 
 # the XLA pass that hoists the float32 conversion of a stacked 16-bit leaf out of the loop
 LOOP_INVARIANT_CODE_MOTION = "while-loop-invariant-code-motion"
+
+_lock = threading.Lock()
+_disabled = 0  # how many `xla_default_options` blocks are open (in any thread)
 
 
 def is_half_float(dtype) -> bool:
@@ -51,8 +58,34 @@ def compiler_options(params=None, backend: str | None = None) -> dict[str, str]:
         >>> compiler_options(None, backend="gpu")
         {}
     """
-    if (backend or jax.default_backend()) != "cpu":
+    if _disabled or (backend or jax.default_backend()) != "cpu":
         return {}
     if params is not None and not any(is_half_float(x.dtype) for x in jax.tree.leaves(params)):
         return {}
     return {"xla_disable_hlo_passes": LOOP_INVARIANT_CODE_MOTION}
+
+
+@contextlib.contextmanager
+def xla_default_options() -> Iterator[None]:
+    """Within it, `compiler_options` is ``{}`` in every thread: the steps that jaxoff
+    compiles (``jaxoff.placement.jit_step``, ``jaxoff.step.compile_step``, the planner's
+    profile and prices) compile with XLA's default options. For measuring what the options
+    save (``bench/plan_options.py``); training never needs it.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> params = {"w": jnp.zeros((4, 8, 8), jnp.bfloat16)}
+        >>> with xla_default_options():
+        ...     compiler_options(params, backend="cpu")
+        {}
+        >>> compiler_options(params, backend="cpu")
+        {'xla_disable_hlo_passes': 'while-loop-invariant-code-motion'}
+    """
+    global _disabled
+    with _lock:
+        _disabled += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _disabled -= 1

@@ -20,12 +20,19 @@ import functools
 
 import pytest
 
-from jaxoff.plan import Plan, evaluate, preset, profile, solve
-from jaxoff.plan._config import compared_presets
-from jaxoff.plan._price import Pricer, solve_priced
-from jaxoff.plan._profile import measured_temp_bytes
-from models.gpt import GPTConfig
-from models.llama import LlamaConfig
+from jaxoff.models.gpt import GPTConfig
+from jaxoff.models.llama import LlamaConfig
+from jaxoff.plan import (
+    Plan,
+    Pricer,
+    compared_presets,
+    evaluate,
+    measured_temp_bytes,
+    preset,
+    profile,
+    solve,
+    solve_priced,
+)
 
 SHAPES = {
     # other width and head count (5 heads of 16), odd batch, long odd sequence

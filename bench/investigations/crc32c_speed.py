@@ -1,6 +1,8 @@
 """Throughput of jaxoff's crc32c (the engine's checksum of every chunk it reads or writes)
 against the ``crc32c`` package (google's crc32c bindings, the checksum jaxoff's Python side
 uses), on the same bytes in the same run: buffers that fit the cache and one that does not.
+jaxoff's side is called as a user calls it, ``jaxoff.aio.crc32c`` (the C++ checksum behind a
+zero-copy view of the bytes).
 
     python bench/investigations/crc32c_speed.py --json bench/results/crc32c_speed/NAME.json
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-import jaxoff._ffi as ffi
+from jaxoff.aio import crc32c as jaxoff_crc32c
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the result writer
 from _common.results import write_result  # noqa: E402
@@ -41,10 +43,10 @@ def main() -> None:
     rows = []
     for kib in a.sizes_kib:
         data = rng.integers(0, 256, kib << 10, dtype=np.uint8).tobytes()
-        if ffi.crc32c(data) != crc32c.crc32c(data):
+        if jaxoff_crc32c(data) != crc32c.crc32c(data):
             sys.exit(f"jaxoff's crc32c differs from crc32c's on {kib} KiB")
         loops = max(3, (256 << 20) // len(data))
-        ours = speed(ffi.crc32c, data, loops, a.reps)
+        ours = speed(jaxoff_crc32c, data, loops, a.reps)
         theirs = speed(crc32c.crc32c, data, loops, a.reps)
         ratio = ours / theirs
         rows.append({"kib": kib, "jaxoff_gb_s": ours, "crc32c_gb_s": theirs, "ratio": ratio})

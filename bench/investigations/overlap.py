@@ -32,8 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxoff.aio._engine import Engine, EngineConfig, crc32c
-from jaxoff.aio._ffi_calls import (
+from jaxoff.aio import (
+    Engine,
+    EngineConfig,
+    crc32c,
     encode_offsets,
     new_token,
     page_in,

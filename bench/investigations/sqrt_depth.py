@@ -34,7 +34,7 @@ from flax import nnx
 
 from jaxoff.models.gpt import GPTConfig
 from jaxoff.nn import Stack, recorded_segments, with_stack
-from jaxoff.plan._jaxpr import jaxpr_flops
+from jaxoff.plan import jaxpr_flops
 from jaxoff.step import make_loss_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the result writer

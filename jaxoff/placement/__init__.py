@@ -6,9 +6,11 @@ the jitted step's in/out shardings, and two helpers the step composes:
 :func:`fetch_params` (host parameters to the device before the forward pass, unless
 the layers stream) and :func:`make_update` (the optimizer update where the placement
 says). Layer streaming itself lives in the layer-stack primitive (``jaxoff.nn.stream_blocks``),
-switched on by :func:`streamed_model`.
+switched on by :func:`streamed_model`. :func:`jit_step` compiles with
+``jaxoff.compiler_options``; within :func:`xla_default_options` with XLA's defaults.
 """
 
+from .._xla import xla_default_options as xla_default_options
 from ._apply import fetch_params as fetch_params
 from ._apply import make_update as make_update
 from ._apply import move as move
@@ -45,4 +47,5 @@ __all__ = [
     "state_shardings",
     "streamed_model",
     "with_paged_optimizer",
+    "xla_default_options",
 ]

@@ -12,6 +12,8 @@ from ._config import TrainConfig as TrainConfig
 from ._config_file import load_config_file as load_config_file
 from ._data import Batches as Batches
 from ._data import load_corpus as load_corpus
+from ._data import load_tokens as load_tokens
+from ._data import split as split
 from ._loop import TrainResult as TrainResult
 from ._loop import train as train
 from ._metrics import read_metrics as read_metrics
@@ -25,9 +27,11 @@ __all__ = [
     "init_state",
     "load_config_file",
     "load_corpus",
+    "load_tokens",
     "make_loss_fn",
     "make_train_step",
     "read_metrics",
+    "split",
     "train",
 ]
 
