@@ -14,6 +14,7 @@ and flushes again at exit, so a full disk there ends the process with tracebacks
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import socket
@@ -83,8 +84,11 @@ class TensorBoardWriter:
     """
 
     def __init__(self, logdir: Path, purge_from: int | None = None):
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
         from tensorboardX.record_writer import RecordWriter
+
+        # a generated protobuf module: its classes are made at import time (no stubs)
+        events_pb2 = importlib.import_module("tensorboardX.proto.event_pb2")
+        Event, SessionLog = events_pb2.Event, events_pb2.SessionLog
 
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +105,7 @@ class TensorBoardWriter:
         self._append(events)
 
     def write(self, record: dict) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
+        Summary = importlib.import_module("tensorboardX.proto.summary_pb2").Summary
 
         step, now = int(record["step"]), time.time()
         values = [Summary.Value(tag=k, simple_value=v) for k, v in scalars(record).items()]
