@@ -10,8 +10,10 @@ a damaged part of one process's checkpoint, and another process count, refused.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +29,9 @@ from _limits import HANG_S
 from jaxoff import _faults
 from jaxoff.distributed import ShardedParams, from_host, initialize_from_env, local_box
 from jaxoff.train import read_metrics
+
+# a sitecustomize that lets every process write its compiled programs to the cache (see there)
+_EVERY_PROCESS_CACHES = str(Path(__file__).parent / "_every_process_caches")
 
 STEPS = 10
 ARGS = [
@@ -48,6 +53,11 @@ class Runner:
         env["JAX_COMPILATION_CACHE_DIR"] = str(self.cache)
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
         env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+        # jax caches process 0's programs only; on CPU process 1's have keys of their own,
+        # which it would compile again in every run (~20 s under load, a timeout for gloo's
+        # 30 s handshake with a process 0 that has long finished its cached compiles)
+        paths = [_EVERY_PROCESS_CACHES, env.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
         if fault:
             env["JAXOFF_FAULT"], env["JAXOFF_FAULT_PROCESS"] = fault, str(process)
         return env
@@ -148,8 +158,22 @@ def runner(tmp_path_factory) -> Runner:
 
 @pytest.fixture(scope="module")
 def two(runner, tmp_path_factory) -> tuple[Path, Record]:
-    run = tmp_path_factory.mktemp("two") / "run"
-    _ok(runner.run(run, "--store", "auto"))
+    """The uninterrupted two-process run, trained once per session: under xdist the workers
+    share it (the first to take the lock trains it, the others read it; no test writes to
+    it), since xdist may hand this module's tests to both workers."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        run = tmp_path_factory.mktemp("two") / "run"
+        _ok(runner.run(run, "--store", "auto"))
+        return run, Record.of(run)
+    shared = tmp_path_factory.getbasetemp().parent / "jaxoff-distributed-two"  # this session's
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        run, done = shared / "run", shared / "done"
+        if not done.exists():
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
+            _ok(runner.run(run, "--store", "auto"))
+            done.touch()
     return run, Record.of(run)
 
 
@@ -352,8 +376,6 @@ def test_sigkill_of_one_process_at_a_random_time_then_resume_is_bitwise(
 
 @pytest.mark.subprocess
 def test_a_damaged_part_and_another_process_count_are_refused(runner, two, tmp_path):
-    import shutil
-
     src, want = two
     run = tmp_path / "run"
     shutil.copytree(src, run, ignore=shutil.ignore_patterns("run.lock", "LOCK"))
