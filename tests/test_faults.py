@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import random
@@ -192,12 +193,29 @@ def jaxoff(tmp_path_factory) -> Jaxoff:
     return Jaxoff(cache)
 
 
-@pytest.fixture(scope="session")
-def baseline(jaxoff, tmp_path_factory) -> Baseline:
-    run = tmp_path_factory.mktemp("baseline") / "run"
+def _train_baseline(jaxoff: Jaxoff, run: Path) -> float:
     t = time.perf_counter()
     _ok(jaxoff.train(run, "--store", "auto", "--store-slots", "2"))
-    wall = time.perf_counter() - t
+    return time.perf_counter() - t
+
+
+@pytest.fixture(scope="session")
+def baseline(jaxoff, tmp_path_factory) -> Baseline:
+    """The uninterrupted run, trained once per session: under xdist the workers share it (the
+    first to take the lock trains it, the others read it; no test writes to it)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        run = tmp_path_factory.mktemp("baseline") / "run"
+        wall = _train_baseline(jaxoff, run)
+    else:
+        shared = tmp_path_factory.getbasetemp().parent / "jaxoff-faults-baseline"  # the session's
+        run, wall_file = shared / "run", shared / "wall_s"
+        with open(f"{shared}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not wall_file.exists():
+                shutil.rmtree(shared, ignore_errors=True)
+                shared.mkdir()
+                wall_file.write_text(repr(_train_baseline(jaxoff, run)))
+        wall = float(wall_file.read_text())
     record = Record.of(run)
     assert record.losses[-1] < record.losses[0]  # it trains
     return Baseline(run, record, wall)
