@@ -105,7 +105,7 @@ EXPECTED_JSON = {
             "resume_unverified": False,
             "seed": 0,
             "seq_len": 128,
-            "steps": 300,
+            "steps": 150,  # the main job's default (300 before it had to fit 3 minutes)
             "stop_at": 0,
             "store": "auto",
             "store_slots": 2,
@@ -199,7 +199,7 @@ EXPECTED_JSON = {
             "resume_unverified": True,
             "seed": 7,
             "seq_len": 32,
-            "steps": 300,
+            "steps": 150,
             "stop_at": 0,
             "store": "/tmp/st",
             "store_slots": 2,

@@ -98,7 +98,7 @@ class OptimOptions:
         clip_norm: global gradient-norm clipping; 0 disables it.
     """
 
-    steps: int = 300
+    steps: int = 150
     optimizer: Optimizer = "adamw"
     lr: float = 3e-3
     warmup_steps: int = 30
