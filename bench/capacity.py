@@ -46,6 +46,17 @@ watchdog thread that also stops it when the machine has under ``--min-available-
 so it never gets to the kernel OOM killer). Paged sizes whose store would not fit the free
 disk of ``--store-dir`` (minus ``--disk-reserve-gib``) are not run: they are "disk-bound".
 
+Through the product: by default (``--via train``) a probe of the modes plain, paged, fuyou and
+fuyou-nvme is a ``jaxoff train`` run (``jaxoff.train.train`` of `train_options`: the trainer's
+model init, its Fuyou step, which holds 16-bit blocks as their bits, its data, its final
+checkpoint, whose disk counts toward the disk cap), and the record holds its losses, the
+validation losses at half the steps and at the end (the loss falls when the last is below
+the first and the second half of the steps' losses is below the first on average) and the
+peak RSS the trainer recorded each step (``peak_rss_steps``) beside the child's whole-process
+peak (``peak_rss``). ``--via loop`` (and plain-bf16 always) runs this bench's own loop above,
+instrumented with the engine's counters (``bench/fuyou_capacity.py``). Results are written in
+``bench/_common/results.py``'s schema; ``bench/report.py`` computes the ratios from them.
+
     python bench/capacity.py --modes plain paged --out capacity.json
     python bench/capacity.py --mem-limit-gib 3 --d-model 1024 --steps 2   # quick validation
 """
@@ -119,6 +130,15 @@ def store_bytes_per_param(mode: str) -> int:
     if mode not in PAGED_MODES:
         return 0
     return STORE_BYTES_PER_PARAM + (PARAM_STORE_BYTES if mode == "fuyou-nvme" else 0)
+
+
+def checkpoint_bytes(n_params: int, mode: str) -> int:
+    """Disk a ``jaxoff train`` checkpoint of ``mode`` needs: the store's committed version
+    (one slot) and the parameters orbax holds (bf16 in RAM; none paged with fuyou-nvme;
+    fp32 parameters and moments with plain)."""
+    if mode == "plain":
+        return 12 * n_params
+    return store_bytes_per_param(mode) * n_params + (0 if mode == "fuyou-nvme" else 2 * n_params)
 
 
 def store_bytes(n_params: int, mode: str, slots: int = 2) -> int:
@@ -375,12 +395,16 @@ def run_probe(
     elif mode == "fuyou":
         from jaxoff.optim import paged
         from jaxoff.step import TrainState
-        from jaxoff.strategies.fuyou import blocks_to_bits, fuyou_init, make_fuyou_step
-        from jaxoff.strategies.fuyou._layout import _layout
+        from jaxoff.strategies.fuyou import (
+            blocks_to_bits,
+            default_read_ahead_bytes,
+            fuyou_init,
+            make_fuyou_step,
+        )
 
         tx = paged(optax.adamw(lr), store_dir, slots=slots)
         opt = fuyou_init(cfg, tx, params, read_ahead_bytes=read_ahead)
-        rec["read_ahead_bytes"] = _layout(tx, params).read_ahead_bytes
+        rec["read_ahead_bytes"] = default_read_ahead_bytes() if read_ahead is None else read_ahead
         params = blocks_to_bits(params)  # in place: the arrays are donated
         state = TrainState(jnp.zeros((), jnp.int32), params, opt)
         fuyou_step = make_fuyou_step(graphdef, cfg, tx, blocks_as_bits=True)
@@ -410,7 +434,7 @@ def run_probe(
 
     rng = np.random.default_rng(0)
     if data == "corpus":
-        from jaxoff.train._data import load_tokens
+        from jaxoff.train import load_tokens
 
         corpus = load_tokens()[0].astype(np.int32)
 
@@ -489,6 +513,149 @@ def run_probe(
     return rec
 
 
+TRAIN_MODES = ("plain", "paged", "fuyou", "fuyou-nvme")  # what `jaxoff train` runs
+
+
+def train_options(
+    mode: str,
+    num_layers: int,
+    d_model: int,
+    seq_len: int,
+    batch_size: int,
+    steps: int,
+    out_dir: Path,
+    store_dir: str | None,
+    *,
+    lr: float = 1e-4,
+    slots: int = 2,
+    warmup_steps: int = 3,
+    data: Path | None = None,
+    read_ahead_mib: int | None = None,
+) -> dict:
+    """The ``jaxoff train`` options (``jaxoff.train.TrainConfig``'s flat fields) of a probe
+    of ``mode``:
+    ``plain`` keeps the AdamW state in RAM (fp32), ``paged`` pages it (``--store``, bf16
+    parameters), ``fuyou`` runs ``--strategy fuyou`` (the blocks as their bits, updated in
+    place), ``fuyou-nvme`` adds ``--page-params``. No clipping (Fuyou updates each layer
+    before the global norm exists); with ``steps`` >= ``FALLING_FROM`` the validation loss is
+    taken at half the steps and at the end (`train_loss_falling`)."""
+    if mode not in TRAIN_MODES:
+        raise ValueError(f"mode {mode!r} is not a jaxoff train run (one of {TRAIN_MODES})")
+    half = steps // 2 if steps >= FALLING_FROM else 0
+    return dict(
+        model=model_config(num_layers, d_model, seq_len, mode),
+        policy="nothing_saveable",
+        batch_size=batch_size,
+        seq_len=seq_len,
+        steps=steps,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        clip_norm=0.0,
+        data=data,
+        eval_every=half,
+        eval_batches=1,
+        out_dir=out_dir,
+        ckpt_every=0,
+        keep_checkpoints=1,
+        progress=False,
+        store="none" if mode == "plain" else str(store_dir),
+        store_slots=slots,
+        strategy="fuyou" if mode.startswith("fuyou") else "plain",
+        page_params=mode == "fuyou-nvme",
+        fuyou_read_ahead_mib=read_ahead_mib,
+        compile_cache="none",
+    )
+
+
+def train_loss_falling(records: list[dict]) -> bool:
+    """A `jaxoff train` probe's loss fell: the validation loss (the same held-out batch)
+    at the end is below the one at half the steps, and the training steps' mean loss of the
+    second half below that of the first."""
+    import numpy as np
+
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    losses = [r["loss"] for r in records]
+    half = len(losses) // 2
+    return (
+        len(val) == 2
+        and val[1] < val[0]
+        and float(np.mean(losses[half:])) < float(np.mean(losses[:half]))
+    )
+
+
+def run_train_probe(
+    mode: str,
+    num_layers: int,
+    d_model: int,
+    seq_len: int,
+    batch_size: int,
+    steps: int,
+    store_dir: str | None,
+    lr: float = 1e-4,
+    slots: int = 2,
+    warmup_steps: int = 3,
+    data: str = "corpus",
+    pure_io_reps: int = 0,
+    read_ahead_mib: int | None = None,
+) -> dict:
+    """`run_probe` through the public trainer: ``jaxoff.train.train`` of `train_options`,
+    in this process; the record from its result and ``metrics.jsonl`` (peak RSS as the
+    trainer records it each step, ``peak_rss_steps``; the parent adds the whole process's).
+    ``data="random"``: a file of uniform random bytes (the loss cannot fall)."""
+    import numpy as np
+
+    from jaxoff.train import TrainConfig, train
+
+    if pure_io_reps:
+        raise ValueError("pure_io_reps needs the instrumented loop (via='loop')")
+    work = Path(store_dir or tempfile.mkdtemp()).parent
+    path = None
+    if data == "random":
+        path = work / "random.bin.txt"
+        rng = np.random.default_rng(0)
+        path.write_bytes(rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes())
+    options = train_options(
+        mode, num_layers, d_model, seq_len, batch_size, steps, work / "run", store_dir,
+        lr=lr, slots=slots, warmup_steps=warmup_steps, data=path, read_ahead_mib=read_ahead_mib,
+    )  # fmt: skip
+    cfg = TrainConfig(**options)
+    rec: dict = {
+        "mode": mode,
+        "via": "train",
+        "num_layers": num_layers,
+        "d_model": d_model,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "params": cfg.model_config().num_params(),
+    }
+    _PHASE[0] = "jaxoff train"
+    t0 = time.perf_counter()
+    result = train(cfg)
+    rec["train_s"] = time.perf_counter() - t0
+    _PHASE[0] = "done"
+    records = result.records
+    losses = [r["loss"] for r in records]
+    rec.update(
+        losses=losses,
+        val_losses=[r["val_loss"] for r in records if "val_loss" in r],
+        step_s=[r["step_time_s"] for r in records],
+        compile_s=records[0].get("compile_s", 0.0) if records else 0.0,
+        peak_rss_steps=max((r["peak_rss_gib"] for r in records), default=0.0) * GIB,
+        loss_finite=all(map(math.isfinite, losses)),
+        data=data,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        store_bytes_on_disk=_du(store_dir) if mode != "plain" else 0,
+        train_options={
+            k: repr(v) if k == "model" else str(v) if isinstance(v, Path) else v
+            for k, v in options.items()
+        },
+    )
+    if steps >= FALLING_FROM and len(losses) == steps:
+        rec["loss_falling"] = train_loss_falling(records)
+    return rec
+
+
 def _du(path: str | None) -> int:
     """Bytes allocated on disk under ``path`` (blocks, not apparent sizes)."""
     total = 0
@@ -516,7 +683,8 @@ def child_main(a: argparse.Namespace) -> None:
         ),
     ).start()
     try:
-        rec = run_probe(
+        run = run_train_probe if a.via == "train" else run_probe
+        rec = run(
             a.mode,
             a.layers,
             a.d_model,
@@ -563,11 +731,15 @@ def probe(
     data: str = "corpus",
     pure_io_reps: int = 0,
     read_ahead_mib: int | None = None,
+    via: str = "loop",
 ) -> dict:
     """Runs one probe in a child process and returns its record (see the module doc).
 
     ``fits`` is True when the child finished every step with finite losses within the
     memory limit; ``why`` says otherwise. Paged store files are removed afterwards.
+    ``via``: ``train`` runs the probe as a ``jaxoff train`` run (`run_train_probe`: what the
+    command line's search does), ``loop`` in this bench's own instrumented loop
+    (`run_probe`: every mode, the engine's counters, ``pure_io_reps``).
     """
     import psutil
 
@@ -588,17 +760,21 @@ def probe(
         "state_bytes_by_part": {k: v * n_params for k, v in per.items()},
         "store_bytes_needed": store_bytes(n_params, mode, slots),
         "slots": slots if mode in PAGED_MODES else None,
+        "via": via,
     }
+    if via == "train":  # the run ends on a checkpoint: a copy of the store's version too
+        rec["checkpoint_bytes_needed"] = checkpoint_bytes(n_params, mode)
     root = Path(store_dir or tempfile.gettempdir())
     root.mkdir(parents=True, exist_ok=True)
     if mode in PAGED_MODES:
         free = shutil.disk_usage(root).free
         rec["disk_free"] = free
-        if rec["store_bytes_needed"] > free - disk_reserve_gib * GIB:
+        needed = rec["store_bytes_needed"] + rec.get("checkpoint_bytes_needed", 0)
+        if needed > free - disk_reserve_gib * GIB:
             rec.update(
                 fits=False,
                 status="skipped",
-                why=f"disk-bound (store {rec['store_bytes_needed'] / 1e9:.1f} GB > "
+                why=f"disk-bound (store {needed / 1e9:.1f} GB > "
                 f"{free / 1e9:.1f} GB free - {disk_reserve_gib:g} GiB reserve)",
             )
             return rec
@@ -638,6 +814,8 @@ def probe(
         data,
         "--pure-io-reps",
         str(pure_io_reps),
+        "--via",
+        via,
     ] + ([] if read_ahead_mib is None else ["--read-ahead-mib", str(read_ahead_mib)])
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
@@ -694,13 +872,25 @@ def probe(
 
 
 def disk_cap_layers(
-    root: str, mode: str, slots: int, d_model: int, seq_len: int, reserve_gib: float
+    root: str,
+    mode: str,
+    slots: int,
+    d_model: int,
+    seq_len: int,
+    reserve_gib: float,
+    via: str = "loop",
 ) -> int:
-    """Most layers (at least 1) whose ``mode`` store of ``slots`` slots fits the free disk
-    under ``root`` less ``reserve_gib``."""
+    """Most layers (at least 1) whose ``mode`` store of ``slots`` slots (and with ``via``
+    ``train`` its last checkpoint) fits the free disk under ``root`` less ``reserve_gib``."""
     free = shutil.disk_usage(root).free - reserve_gib * GIB
-    cap = layers_for(free / (slots * store_bytes_per_param(mode)), d_model, seq_len)
-    while cap > 1 and store_bytes(num_params(cap, d_model, seq_len), mode, slots) > free:
+
+    def need(n: int) -> int:
+        ckpt = checkpoint_bytes(n, mode) if via == "train" else 0
+        return store_bytes(n, mode, slots) + ckpt
+
+    per = need(1 << 30) / (1 << 30)
+    cap = layers_for(free / per, d_model, seq_len)
+    while cap > 1 and need(num_params(cap, d_model, seq_len)) > free:
         cap -= 1
     return cap
 
@@ -730,7 +920,8 @@ def search(
     if mode in PAGED_MODES:  # the disk caps the size: never probe (or bracket) above it
         root = kw.get("store_dir") or tempfile.gettempdir()
         reserve = kw.get("disk_reserve_gib", 4.0)
-        hi = disk_cap_layers(root, mode, kw.get("slots", 2), d_model, seq_len, reserve) + 1
+        via = kw.get("via", "loop")
+        hi = disk_cap_layers(root, mode, kw.get("slots", 2), d_model, seq_len, reserve, via) + 1
         run(hi)  # recorded as skipped: "disk-bound"
         if records[hi]["fits"]:  # free disk changed under us; fall back to walking
             hi = None
@@ -889,6 +1080,13 @@ def main(argv=None) -> None:
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--pure-io-reps", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--read-ahead-mib", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--via",
+        choices=("train", "loop"),
+        default="train",
+        help="train: each probe is a `jaxoff train` run (modes plain, paged, fuyou, "
+        "fuyou-nvme); loop: this bench's instrumented loop (plain-bf16 always runs in it)",
+    )
     a = p.parse_args(argv)
     if a.child:
         return child_main(a)
@@ -947,6 +1145,7 @@ def main(argv=None) -> None:
                 d_model=a.d_model,
                 seq_len=a.seq_len,
                 on_probe=on_probe,
+                via=a.via if mode in TRAIN_MODES else "loop",
                 **kw,
             )
     render(records, console)
@@ -961,18 +1160,20 @@ def main(argv=None) -> None:
         if k != "largest":
             console.print(f"{k}: {v:.3f}")
     args = {k: v for k, v in vars(a).items() if k not in ("child", "mode", "layers", "result")}
-    Path(a.out).write_text(
-        json.dumps(
-            {
-                "args": args,
-                "records": records,
-                "summary": summary,
-                "wall_s": time.perf_counter() - t_start,
-            },
-            indent=1,
-        )
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/
+    from _common.results import write_result
+
+    out = write_result(
+        "capacity",
+        args=args,
+        summary=summary,
+        records=records,
+        path=a.out,
+        command="python bench/capacity.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        disk_path=a.store_dir or tempfile.gettempdir(),
+        wall_s=time.perf_counter() - t_start,
     )
-    console.print(f"wrote {a.out}")
+    console.print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -235,3 +235,55 @@ def test_fuyou_capacity_sets_each_step_against_its_own_io_window(monkeypatch):
     assert r["cores"] == [2.0, 2.0, 1.0]  # 1 CPU s a second once the paging starts
     assert r["read_gbs"][1] == 1.0 and r["read_gbs"][2] == 3 / 135
     assert r["wait"][2] == (32.5 - 0.5) / 135
+
+
+def test_fuyou_probe_through_the_trainer_trains_ten_steps(capacity, tmp_path):
+    """``--via train`` (the command line's default): the probe is a ``jaxoff train`` run of
+    ``--strategy fuyou`` (bf16 blocks as their bits), its losses, validation losses and peak
+    RSS from the trainer's records, its store and checkpoint counted toward the disk."""
+    r = capacity.probe(
+        "fuyou",
+        2,
+        d_model=128,
+        seq_len=32,
+        steps=10,
+        mem_limit_gib=3,
+        store_dir=str(tmp_path),
+        timeout_s=HANG_S,
+        slots=1,
+        lr=3e-3,
+        warmup_steps=3,
+        via="train",
+    )
+    assert r["fits"] is True, _why(r)
+    assert r["via"] == "train" and r["status"] == "ok" and r["returncode"] == 0
+    cfg = r["train_options"]
+    assert cfg["strategy"] == "fuyou" and cfg["page_params"] is False and cfg["steps"] == 10
+    assert r["params"] == capacity.num_params(2, 128, 32)
+    assert len(r["losses"]) == len(r["step_s"]) == 10 and r["loss_finite"]
+    # the validation loss at step 5 and 10, on the same held-out batch, fell
+    assert len(r["val_losses"]) == 2 and r["val_losses"][1] < r["val_losses"][0]
+    assert r["loss_falling"] is True
+    assert 100 << 20 < r["peak_rss_steps"] <= r["peak_rss"] < 3 << 30
+    assert r["store_bytes_needed"] <= r["store_bytes_on_disk"] < 24 * r["params"]
+    assert r["checkpoint_bytes_needed"] == 14 * r["params"]
+    assert list(tmp_path.iterdir()) == []
+    # a rising loss does not count as falling
+    records = [{"loss": 3.0 + i, **({"val_loss": 1.0 + i} if i in (4, 9) else {})}
+               for i in range(10)]  # fmt: skip
+    assert capacity.train_loss_falling(records) is False
+    records = [{**x, "loss": 10.0 - i} for i, x in enumerate(records)]
+    assert capacity.train_loss_falling(records) is False  # the validation loss rose
+    records = [{**x, "val_loss": -x["val_loss"]} if "val_loss" in x else x for x in records]
+    assert capacity.train_loss_falling(records) is True
+
+
+def test_trainer_probe_disk_cap_counts_the_checkpoint(capacity, tmp_path):
+    loop = capacity.disk_cap_layers(str(tmp_path), "fuyou", 1, 2048, 128, 4.0)
+    train = capacity.disk_cap_layers(str(tmp_path), "fuyou", 1, 2048, 128, 4.0, via="train")
+    assert train < loop  # a store version and the bf16 parameters more per parameter
+    n = capacity.num_params(train, 2048, 128)
+    need = capacity.store_bytes(n, "fuyou", 1) + capacity.checkpoint_bytes(n, "fuyou")
+    import shutil
+
+    assert need <= shutil.disk_usage(tmp_path).free - 4 * (1 << 30)
