@@ -34,9 +34,10 @@ state (an attention mask or segment ids, positions, that flag) to
 ``block(h, **inputs)``: the same inputs for every layer of one call.
 
 State besides ``nnx.Param`` (``nnx.Dropout``'s RNG streams, ``nnx.BatchNorm``'s statistics):
-the optimizer sees the parameters only; the rest is carried through the step in
-``TrainState.rest``, updated every step and checkpointed. Blocks holding it run block by
-block (``remat_every=1``, no streaming); Fuyou and the sharded paged step refuse it.
+the optimizer sees the parameters only; the rest is carried through the step (the ``rest``
+of a ``TrainStateWithRest``), updated every step and checkpointed. Blocks holding it run
+block by block (``remat_every=1``, no streaming); Fuyou and the sharded paged step refuse
+it.
 
 The loss is next-token cross entropy on the float32 logits (jaxoff computes it).
 

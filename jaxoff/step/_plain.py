@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ._state import TrainState
+from ._state import TrainState, TrainStateWithRest
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -94,9 +94,9 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
 
     The caller jits it with ``donate_argnums=0`` so parameters and optimizer state are
     updated in place. ``placement`` (a ``jaxoff.placement.Placement`` or its name) says
-    where the state lives; the caller also gives the jit its ``state_shardings``. A state
-    with a ``rest`` (the model's state besides ``nnx.Param``) gets it back as the model's
-    call left it; the optimizer sees the parameters only.
+    where the state lives; the caller also gives the jit its ``state_shardings``. A
+    :class:`TrainStateWithRest` (a model with state besides ``nnx.Param``) gets its rest
+    back as the model's call left it; the optimizer sees the parameters only.
     """
     from ..placement import fetch_params, make_update
 
@@ -105,26 +105,35 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
     stateful_loss = make_stateful_loss_fn(graphdef, fetch)
     update = make_update(tx, placement)
 
-    def train_step(state: TrainState, inputs: jax.Array, targets: jax.Array):
-        if state.rest is None:
+    def train_step(state: Any, inputs: jax.Array, targets: jax.Array):
+        if not isinstance(state, TrainStateWithRest):
             loss, grads = jax.value_and_grad(loss_fn)(state.params, inputs, targets)
-            rest = None
-        else:
-            (loss, rest), grads = jax.value_and_grad(stateful_loss, has_aux=True)(
-                state.params, state.rest, inputs, targets
-            )
+            params, opt_state, grad_norm = update(grads, state.opt_state, state.params)
+            metrics = {"loss": loss, "grad_norm": grad_norm}
+            return TrainState(state.step + 1, params, opt_state), metrics
+        (loss, rest), grads = jax.value_and_grad(stateful_loss, has_aux=True)(
+            state.params, state.rest, inputs, targets
+        )
         params, opt_state, grad_norm = update(grads, state.opt_state, state.params)
         metrics = {"loss": loss, "grad_norm": grad_norm}
-        return TrainState(state.step + 1, params, opt_state, rest), metrics
+        return TrainStateWithRest(state.step + 1, params, opt_state, rest), metrics
 
     return train_step
 
 
+def new_state(step, params, opt_state, rest=None):
+    """A :class:`TrainState`, or a :class:`TrainStateWithRest` when ``rest`` is not None."""
+    if rest is None:
+        return TrainState(step, params, opt_state)
+    return TrainStateWithRest(step, params, opt_state, rest)
+
+
 def init_state(model_cfg, tx: optax.GradientTransformation, seed: int):
-    """Builds the model and its optimizer state; returns ``(graphdef, TrainState)``."""
+    """Builds the model and its optimizer state; returns ``(graphdef, TrainState)`` (a
+    :class:`TrainStateWithRest` for a model with state besides ``nnx.Param``)."""
     model = model_cfg.build(nnx.Rngs(seed))
     graphdef, params, rest = split_model(model)
-    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
+    state = new_state(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
     return graphdef, state
 
 
@@ -134,16 +143,17 @@ def abstract_state(model_cfg, tx: optax.GradientTransformation):
     def build():
         model = model_cfg.build(nnx.Rngs(0))
         _, params, rest = split_model(model)
-        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
+        return new_state(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
 
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0))))
     return graphdef, jax.eval_shape(build)
 
 
-def with_rest_shardings(shardings: TrainState, state: TrainState, mesh=None) -> TrainState:
-    """``shardings`` (a ``jaxoff.placement.state_shardings`` tree) with the model's rest
-    state (:func:`split_model`) on the device: whole on one device, replicated on ``mesh``."""
-    if state.rest is None:
+def with_rest_shardings(shardings: TrainState, state: Any, mesh=None) -> Any:
+    """``shardings`` (a ``jaxoff.placement.state_shardings`` tree) as the tree of ``state``:
+    for a :class:`TrainStateWithRest`, its rest on the device too (whole on one device,
+    replicated on ``mesh``)."""
+    if not isinstance(state, TrainStateWithRest):
         return shardings
     from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -151,19 +161,21 @@ def with_rest_shardings(shardings: TrainState, state: TrainState, mesh=None) -> 
         where = SingleDeviceSharding(jax.devices()[0])
     else:
         where = NamedSharding(mesh, PartitionSpec())
-    return shardings._replace(rest=jax.tree.map(lambda _: where, state.rest))
+    rest = jax.tree.map(lambda _: where, state.rest)
+    return TrainStateWithRest(*shardings, rest)  # pyright: ignore[reportCallIssue] (3 + 1 fields)
 
 
-def jit_train_step(train_step, placement, state: TrainState, mesh=None):
-    """``jaxoff.placement.jit_step`` of ``train_step``, the model's rest state (if any) on
-    the device beside the placed parameters and optimizer state."""
+def jit_train_step(train_step, placement, state: Any, mesh=None):
+    """``jaxoff.placement.jit_step`` of ``train_step``; a :class:`TrainStateWithRest`'s rest
+    on the device beside the placed parameters and optimizer state."""
     from ..placement import batch_sharding, jit_step
 
-    jitted, shardings = jit_step(train_step, placement, state._replace(rest=None), mesh)
-    if state.rest is None:
-        return jitted, shardings
+    if not isinstance(state, TrainStateWithRest):
+        return jit_step(train_step, placement, state, mesh)
     from .._xla import compiler_options
+    from ..placement import get_placement, state_shardings
 
+    shardings = state_shardings(get_placement(placement), state, mesh)
     shardings = with_rest_shardings(shardings, state, mesh)
     tokens = batch_sharding(mesh)
     jitted = jax.jit(
@@ -186,7 +198,7 @@ class _OptaxStep:
     _loss: Any
 
     def evaluate(self, state: TrainState, inputs, targets):
-        stateful = getattr(state, "rest", None) is not None
+        stateful = isinstance(state, TrainStateWithRest)
         if self._loss is None:
             self._loss = loss_of_params(self.graphdef, self.placement, stateful=stateful)
         if stateful:
@@ -233,7 +245,7 @@ class PlainStep(_OptaxStep):
 
         return isinstance(self.tx, PagedTransformation)
 
-    def init(self) -> TrainState:
+    def init(self) -> Any:  # a TrainState, or a TrainStateWithRest
         self.graphdef, state = init_state(self.model_cfg, self.tx, self.seed)
         return state
 

@@ -9,12 +9,20 @@ import jax
 
 
 class TrainState(NamedTuple):
-    """What a step donates and returns: step count, parameters, optimizer state, and the
-    model's state besides its ``nnx.Param`` (RNG stream keys and counts of ``nnx.Dropout``,
-    batch statistics of ``nnx.BatchNorm``), which the step carries, updates and checkpoints
-    but the optimizer never sees; ``rest`` is ``None`` for a model without such state."""
+    """What a step donates and returns: step count, parameters, optimizer state."""
 
     step: jax.Array
     params: Any
     opt_state: Any
-    rest: Any = None
+
+
+class TrainStateWithRest(NamedTuple):
+    """A :class:`TrainState` of a model with state besides its ``nnx.Param``: ``rest`` holds
+    it (RNG stream keys and counts of ``nnx.Dropout``, batch statistics of ``nnx.BatchNorm``);
+    the step carries, updates and checkpoints it, the optimizer never sees it. A model
+    without such state keeps the three-field :class:`TrainState` (and its checkpoints)."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rest: Any
