@@ -121,7 +121,8 @@ def test_depths_are_checked(tiny):
 def test_cli_prices_by_default_and_not_with_no_price(tmp_path, capsys):
     from jaxoff.cli import main
 
-    args = "plan --model tiny --hardware rtx4090 --batch 2 --seq 32 --device-mem 40MiB".split()
+    # the shape of the `tiny` profile (and of test_plan.py's CLI test): its compiles are cached
+    args = "plan --model tiny --hardware rtx4090 --batch 4 --seq 32 --device-mem 40MiB".split()
     assert main([*args, "--out", str(tmp_path / "priced.json")]) == 0
     assert "priced by the compiled program" in capsys.readouterr().out
     assert main([*args, "--no-price", "--out", str(tmp_path / "model.json")]) == 0
