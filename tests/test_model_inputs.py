@@ -306,3 +306,21 @@ def test_model_state_is_what_the_optimizer_does_not_see():
     }
     assert {"RngCount", "RngKey", "BatchStat"} <= kinds
     assert split_model(InputsConfig().build(nnx.Rngs(0)))[2] is None
+
+
+def test_compare_strategies_prepare_a_model_with_state_or_refuse_it_in_one_line():
+    """``jaxoff compare --strategies`` builds its steps with ``jaxoff.strategies.prepare``:
+    a dropout + batch-norm model gets its rest carried (the step runs, the RNG count moves),
+    and Fuyou's recipe refuses it with a ConfigError, not flax's filter error."""
+    from jaxoff.strategies import Recipe, prepare
+
+    cfg = InputsConfig(dropout=0.1, batch_norm=True)
+    p = prepare(Recipe(policy="none"), cfg, optax.adam(1e-2))
+    (x, y), _ = _batches(2)
+    before = [np.asarray(a) for a in jax.tree.leaves(p.state.rest) if a.dtype == jnp.uint32]
+    state, metrics = p.step(p.state, x, y)
+    after = [np.asarray(a) for a in jax.tree.leaves(state.rest) if a.dtype == jnp.uint32]
+    assert np.isfinite(float(metrics["loss"]))
+    assert before and all((b + 1 == a).all() for b, a in zip(before, after, strict=True))
+    with pytest.raises(ConfigError, match="fuyou|Fuyou"):
+        prepare(Recipe(update_in_backward=True), cfg, optax.adam(1e-2))

@@ -99,8 +99,9 @@ def prepare(
         >>> p.placement.params
         'device'
     """
-    from ..placement import abstract_with, check_placement, jit_step, streamed_model
+    from ..placement import abstract_with, check_placement, streamed_model
     from ..step import TrainState, abstract_state, init_state, make_train_step
+    from ..step._plain import jit_train_step
 
     pl = placement(recipe)
     cfg = model_config(recipe, base_cfg)
@@ -116,6 +117,10 @@ def prepare(
         fuyou = fuyou_module()
         from flax import nnx
 
+        from ..nn import check_model
+
+        check_model(cfg, needs=["fuyou"])  # nnx.Param state only: one line, not flax's error
+
         graphdef, params = nnx.split(cfg.build(nnx.Rngs(seed)), nnx.Param)
         state = TrainState(jnp.zeros((), jnp.int32), params, fuyou.fuyou_init(cfg, tx, params))
         step_fn = fuyou.make_fuyou_step(graphdef, cfg, tx)
@@ -124,7 +129,8 @@ def prepare(
             cfg, tx, *(() if abstract else (seed,))
         )
         step_fn = make_train_step(graphdef, tx, pl)
-    jitted, shardings = jit_step(step_fn, pl, state)
+    # a model with state besides nnx.Param (dropout RNG, batch statistics) carries it as rest
+    jitted, shardings = jit_train_step(step_fn, pl, state)
     state = abstract_with(state, shardings) if abstract else jax.device_put(state, shardings)
     return Prepared(recipe, jitted, state, tx, graphdef, cfg, pl, step_fn, shardings)
 
