@@ -17,9 +17,21 @@ from ._data import split as split
 from ._loop import TrainResult as TrainResult
 from ._loop import train as train
 from ._metrics import read_metrics as read_metrics
+from ._options import DataOptions as DataOptions
+from ._options import ModelOptions as ModelOptions
+from ._options import OptimOptions as OptimOptions
+from ._options import RunOptions as RunOptions
+from ._options import StoreOptions as StoreOptions
+from ._options import StrategyOptions as StrategyOptions
 
 __all__ = [
     "Batches",
+    "DataOptions",
+    "ModelOptions",
+    "OptimOptions",
+    "RunOptions",
+    "StoreOptions",
+    "StrategyOptions",
     "TrainConfig",
     "TrainResult",
     "TrainState",
