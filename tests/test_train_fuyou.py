@@ -49,7 +49,7 @@ def _final_params(cfg) -> dict:
     import orbax.checkpoint as ocp
 
     from jaxoff.aio import PageStore
-    from jaxoff.optim import path_name
+    from jaxoff.optim.chunks import path_name
 
     saved = ocp.StandardCheckpointer().restore(
         (cfg.out_dir / "checkpoints" / str(cfg.steps) / "default").absolute()

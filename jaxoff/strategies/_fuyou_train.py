@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from .._xla import is_half_float
-from ..optim import as_bits
+from ..optim.chunks import as_bits
 from ..step import TrainState
 
 
