@@ -15,6 +15,7 @@ from jaxoff._errors import ConfigError
 from jaxoff.aio import PageStoreError
 from jaxoff.nn import load_model, with_stack
 from jaxoff.optim import paged
+from jaxoff.plan._jaxpr import scan_counts
 from jaxoff.step import TrainState, make_train_step
 from jaxoff.strategies import fuyou as fuyou_module
 from jaxoff.strategies.fuyou import (
@@ -486,11 +487,8 @@ def test_layer_gradients_are_carried_flat(tmp_path, page_params):
         if e.primitive.name == "scan" and _contains(e, _is_dot) and _contains(e, _is_take)
     ]
     scan = loops[-1]  # the backward scan
-    n_carry = scan.params["num_carry"]
-    carried = [
-        v.aval.shape
-        for v in scan.params["jaxpr"].jaxpr.invars[scan.params["num_consts"] :][:n_carry]
-    ]
+    n_consts, n_carry, _ = scan_counts(scan)  # jax 0.12 names them otherwise
+    carried = [v.aval.shape for v in scan.params["jaxpr"].jaxpr.invars[n_consts:][:n_carry]]
     flat = [(leaf.size // lay.num_layers,) for leaf in bleaves]
     for shape in flat:
         assert shape in carried, (shape, carried)

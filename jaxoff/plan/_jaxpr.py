@@ -166,6 +166,28 @@ def block_values(body, carry_name: str = "layer_input") -> list[NamedValue]:
     return out
 
 
+def scan_counts(eqn) -> tuple[int, int, int]:
+    """``(consts, carry in, carry out)``: how many of a scan equation's inputs are
+    constants and carried values, and how many of its outputs are carried values (the rest
+    are its stacked ``ys``). jax < 0.12 records ``num_consts``/``num_carry``; jax 0.12 records
+    flat trees ``ft_in`` = (consts, carry, xs) and ``ft_out`` = (carry, ys), and may move a
+    carry that the body passes through unchanged to the constants.
+
+    >>> import jax, jax.numpy as jnp
+    >>> body = lambda c, x: ((c[0] + x * c[1], c[1]), c[0])
+    >>> jaxpr = jax.make_jaxpr(lambda xs: jax.lax.scan(body, (0.0, 2.0), xs))(jnp.ones(3))
+    >>> (scan,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+    >>> consts, carry_in, carry_out = scan_counts(scan)
+    >>> consts + carry_in == len(scan.invars) - 1, len(scan.outvars) - carry_out
+    (True, 1)
+    """
+    params = eqn.params
+    if "num_carry" in params:
+        return params["num_consts"], params["num_carry"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].elts
+    return len(consts.vals), len(carry.vals), len(params["ft_out"].elts[0].vals)
+
+
 def residual_bytes(grad_jaxpr, num_layers: int) -> int:
     """Bytes of the stacked values the forward layer scan outputs for the backward one
     (its ``ys``): the residuals of all layers, plus the layer parameters it forwards."""
@@ -173,5 +195,5 @@ def residual_bytes(grad_jaxpr, num_layers: int) -> int:
     if not scans:
         raise ValueError(f"no scan of length {num_layers} in the traced step")
     fwd = scans[0]
-    ys = fwd.outvars[fwd.params["num_carry"] :]
+    ys = fwd.outvars[scan_counts(fwd)[2] :]
     return sum(nbytes(v.aval) for v in ys)
