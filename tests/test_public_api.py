@@ -85,14 +85,20 @@ def test_optim_exports_the_optimizer_and_leaves_the_chunk_api_to_chunks():
     assert len(jaxoff.optim.__all__) <= 20
 
 
-def test_names_moved_to_chunks_still_import_from_optim_with_a_warning():
+def test_names_moved_to_chunks_are_gone_from_optim_with_a_hint():
     import jaxoff.optim
     import jaxoff.optim.chunks as chunks
 
-    with pytest.warns(DeprecationWarning, match="moved to jaxoff.optim.chunks"):
-        assert jaxoff.optim.StepPlan is chunks.StepPlan
-    with pytest.raises(AttributeError):
+    for name in ("StepPlan", "ChunkIO", "write_chunk"):
+        assert hasattr(chunks, name), name
+        with pytest.raises(AttributeError, match=r"moved to jaxoff\.optim\.chunks"):
+            getattr(jaxoff.optim, name)
+        assert not hasattr(jaxoff.optim, name), name
+    with pytest.raises(ImportError):
+        exec("from jaxoff.optim import StepPlan", {})
+    with pytest.raises(AttributeError) as missing:
         jaxoff.optim.no_such_name  # noqa: B018
+    assert "chunks" not in str(missing.value)
 
 
 def test_every_chunks_name_resolves_and_is_documented():

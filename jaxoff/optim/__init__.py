@@ -49,8 +49,8 @@ __all__ = [
     "update_and_apply",
 ]
 
-# Names that moved to `jaxoff.optim.chunks`: still importable from here for code written
-# before it (with a DeprecationWarning), but no longer part of this module's API.
+# Names that moved to `jaxoff.optim.chunks`: reading one here raises an AttributeError that
+# says where it lives now.
 _MOVED_TO_CHUNKS = frozenset(
     {
         "RAM_ENTRY",
@@ -81,16 +81,9 @@ _MOVED_TO_CHUNKS = frozenset(
 
 
 def __getattr__(name: str):
-    if name not in _MOVED_TO_CHUNKS:
-        raise AttributeError(f"module 'jaxoff.optim' has no attribute {name!r}")
-    import warnings
-
-    from . import chunks
-
-    warnings.warn(
-        f"jaxoff.optim.{name} moved to jaxoff.optim.chunks (the chunk API for strategy "
-        f"authors): import it from there",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(chunks, name)
+    if name in _MOVED_TO_CHUNKS:
+        raise AttributeError(
+            f"module 'jaxoff.optim' has no attribute {name!r}: it moved to jaxoff.optim.chunks "
+            f"(the chunk API for strategy authors); import it from there"
+        )
+    raise AttributeError(f"module 'jaxoff.optim' has no attribute {name!r}")
