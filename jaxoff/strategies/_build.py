@@ -6,7 +6,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from .._errors import ConfigError
 from ._recipe import Recipe, StrategyUnavailable
@@ -100,7 +99,7 @@ def prepare(
         'device'
     """
     from ..placement import abstract_with, check_placement, streamed_model
-    from ..step import TrainState, abstract_state, init_state, make_train_step
+    from ..step import abstract_state, init_state, make_train_step
     from ..step._plain import jit_train_step
 
     pl = placement(recipe)
@@ -114,16 +113,7 @@ def prepare(
 
         tx = paged(tx, store_dir, chunk_bytes=chunk_bytes)
     if recipe.update_in_backward:
-        fuyou = fuyou_module()
-        from flax import nnx
-
-        from ..nn import check_model
-
-        check_model(cfg, needs=["fuyou"])  # nnx.Param state only: one line, not flax's error
-
-        graphdef, params = nnx.split(cfg.build(nnx.Rngs(seed)), nnx.Param)
-        state = TrainState(jnp.zeros((), jnp.int32), params, fuyou.fuyou_init(cfg, tx, params))
-        step_fn = fuyou.make_fuyou_step(graphdef, cfg, tx)
+        graphdef, state, step_fn = _fuyou_parts(cfg, tx, pl, seed)
     else:
         graphdef, state = (abstract_state if abstract else init_state)(
             cfg, tx, *(() if abstract else (seed,))
@@ -133,6 +123,21 @@ def prepare(
     jitted, shardings = jit_train_step(step_fn, pl, state)
     state = abstract_with(state, shardings) if abstract else jax.device_put(state, shardings)
     return Prepared(recipe, jitted, state, tx, graphdef, cfg, pl, step_fn, shardings)
+
+
+def _fuyou_parts(cfg, tx, pl, seed: int):
+    """``(graphdef, state, step_fn)`` of Fuyou's step for the model ``cfg``, initialised and
+    built as ``jaxoff train --strategy fuyou`` builds them (`FuyouStep`): in the bits form
+    (``blocks_as_bits``) wherever `FuyouStep` decides it applies."""
+    fuyou = fuyou_module()
+    from ..nn import check_model
+    from ._fuyou_train import FuyouStep
+
+    check_model(cfg, needs=["fuyou"])  # nnx.Param state only: one line, not flax's error
+    step = FuyouStep(cfg, tx, placement=pl, seed=seed)
+    state = step.init()
+    step_fn = fuyou.make_fuyou_step(step.graphdef, cfg, tx, blocks_as_bits=step.blocks_as_bits)
+    return step.graphdef, state, step_fn
 
 
 def build_step(cfg):

@@ -266,7 +266,9 @@ def fuyou(ctx: Context) -> Recipe:
     activation swapping to SSD (activations stay on the device: each block's input, the
     block recomputed) and its automatic choice of how much to swap. The step comes from
     ``jaxoff.strategies.fuyou`` (``make_fuyou_step``, ``fuyou_init``; ``page_params=True``
-    also pages the block parameters, as ZeRO-Infinity does); gradient clipping is refused
-    there (it needs every gradient before any update).
+    also pages the block parameters, as ZeRO-Infinity does), initialised and built as
+    ``jaxoff train --strategy fuyou`` builds it: 16-bit blocks held as their bits wherever
+    the trainer's step does so (``blocks_as_bits``); gradient clipping is refused there (it
+    needs every gradient before any update).
     """
     return Recipe(policy="full", store=True, update_in_backward=True)
