@@ -21,7 +21,8 @@ from jaxoff.train._options import (
 )
 
 # three configs, and ``json.dumps(cfg.to_json(), indent=2, sort_keys=True)`` of each as the
-# flat TrainConfig wrote it (config.json's bytes: a run resumes only when they match)
+# flat TrainConfig wrote it (config.json's bytes: a run resumes only when they match), with
+# ``paged_checkpoint`` added since (an option that may change on --resume)
 CONFIGS = {
     "default": {},
     "tiny": dict(
@@ -109,6 +110,7 @@ EXPECTED_JSON = {
             "stop_at": 0,
             "store": "auto",
             "store_slots": 2,
+            "paged_checkpoint": "copy",
             "strategy": "plain",
             "token_dtype": "auto",
             "tokenizer": None,
@@ -156,6 +158,7 @@ EXPECTED_JSON = {
             "stop_at": 3,
             "store": "auto",
             "store_slots": 1,
+            "paged_checkpoint": "copy",
             "strategy": "plain",
             "token_dtype": "uint32",
             "tokenizer": None,
@@ -203,6 +206,7 @@ EXPECTED_JSON = {
             "stop_at": 0,
             "store": "/tmp/st",
             "store_slots": 2,
+            "paged_checkpoint": "copy",
             "strategy": "fuyou",
             "token_dtype": "auto",
             "tokenizer": "t.json",
@@ -250,6 +254,7 @@ ORDER = [
     "store",
     "chunk_mib",
     "store_slots",
+    "paged_checkpoint",
     "placement",
     "fsdp",
     "strategy",
@@ -324,6 +329,8 @@ ARGV = [
     "2",
     "--store-slots",
     "1",
+    "--paged-checkpoint",
+    "store",
     "--placement",
     "host_opt",
     "--fsdp",
@@ -374,6 +381,7 @@ ARGV_JSON = json.dumps(
         "stop_at": 4,
         "store": "/tmp/cc/st",
         "store_slots": 1,
+        "paged_checkpoint": "store",
         "strategy": "fuyou",
         "token_dtype": "uint32",
         "tokenizer": "tok.json",
@@ -400,7 +408,7 @@ def test_groups_are_frozen_and_disjoint():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model_options = ModelOptions()  # type: ignore[misc]
     names = [f.name for g in GROUP_TYPES for f in dataclasses.fields(g)]
-    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 40
+    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 41
     assert sorted(names) == sorted(FLAT_NAMES) == sorted(GROUP_OF)
     assert FLAT_NAMES == tuple(ORDER[:-1]) and ORDER[-1] == "processes"
     # each flat name reads its group's option, in FLAT_NAMES order

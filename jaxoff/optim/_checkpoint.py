@@ -46,11 +46,18 @@ def _pager(tx):
     return tx.pager
 
 
-def save_paged(tx: PagedTransformation, opt_state: PagedState, directory: str | os.PathLike) -> int:
+def save_paged(
+    tx: PagedTransformation,
+    opt_state: PagedState,
+    directory: str | os.PathLike,
+    *,
+    in_store: bool = False,
+) -> int:
     """Copies the store version that ``opt_state`` describes into ``directory``; returns bytes.
 
     The copy is atomic: written to ``directory.tmp`` and renamed; an existing ``directory`` is
-    replaced. Chunks are verified against their checksums on the way.
+    replaced. Chunks are verified against their checksums on the way. ``in_store``: record
+    the version instead of copying it (see `copy_out`); returns 0.
     """
     store = _open(tx)
     jax.block_until_ready(opt_state)  # waits for the step's commit
@@ -59,10 +66,10 @@ def save_paged(tx: PagedTransformation, opt_state: PagedState, directory: str | 
     )
     if reason is not None:
         raise PageStoreError(f"save_paged: {reason}; save the state returned by the last step")
-    return copy_out(store, directory)
+    return copy_out(store, directory, in_store=in_store)
 
 
-def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
+def copy_out(store: PageStore, directory: str | os.PathLike, *, in_store: bool = False) -> int:
     """Streams the committed version of ``store`` into ``directory`` (atomic); returns bytes.
 
     Everything is written into ``directory.tmp`` (its ``paged.json`` last) and renamed into
@@ -70,14 +77,20 @@ def copy_out(store: PageStore, directory: str | os.PathLike) -> int:
     ``directory.tmp``; a full disk or the file size limit raises `PageStoreFullError`.
     A background commit of that version is waited for first (and its error raised): a
     checkpoint names a version the store has made durable.
+
+    ``in_store``: write only the manifest, naming the store, its version and the checksums
+    of every chunk; the pages stay in the store (no second copy on disk; returns 0).
+    `copy_in` restores such a checkpoint only into that store, and only while it still holds
+    that version: the store's next commit (with two slots, the one after) overwrites it, and
+    the checkpoint then reads as gone (`PageStoreCorruptError`: restore an older one).
     """
     store.wait_committed()
     directory = os.path.abspath(os.fspath(directory))
     tmp = directory + ".tmp"
-    needed = sum(e.nbytes for e in store.entries.values())
+    needed = 0 if in_store else sum(e.nbytes for e in store.entries.values())
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        total = _write_tmp(store, tmp)
+        total = _write_in_store(store, tmp) if in_store else _write_tmp(store, tmp)
         if os.path.exists(directory):
             shutil.rmtree(directory)
         os.rename(tmp, directory)
@@ -120,13 +133,35 @@ def _write_tmp(store: PageStore, tmp: str) -> int:
         "chunk_bytes": store.chunk_bytes,
         "entries": entries,
     }
-    # Written last: a directory with paged.json holds every entry.
+    _write_manifest(tmp, meta)
+    return total
+
+
+def _write_in_store(store: PageStore, tmp: str) -> int:
+    """An in-store checkpoint's manifest: the store's committed version by its checksums."""
+    os.makedirs(tmp)
+    entries = {
+        name: {"shape": list(e.shape), "dtype": str(e.dtype), "crcs": store.crcs(name)}
+        for name, e in store.entries.items()
+    }
+    meta = {
+        "format": FORMAT,
+        "store_version": store.version,
+        "chunk_bytes": store.chunk_bytes,
+        "in_store": os.path.realpath(store.root),
+        "entries": entries,
+    }
+    _write_manifest(tmp, meta)
+    return 0
+
+
+def _write_manifest(tmp: str, meta: dict) -> None:
+    """Written last: a directory with paged.json holds every entry."""
     with _naming(os.path.join(tmp, MANIFEST)) as path, open(path, "w") as f:
         json.dump(meta, f)
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(tmp)
-    return total
 
 
 @contextlib.contextmanager
@@ -243,6 +278,8 @@ def copy_in(
             f"restore_paged: checkpoint {directory} holds another optimizer "
             f"state than this model needs (differences: {diffs[:5]})"
         )
+    if "in_store" in meta:
+        return _adopt(store, directory, meta), int(meta["store_version"])
     _check_page_files(store, saved, directory)  # all there before anything is written
     rounds = 1
     if (
@@ -268,6 +305,27 @@ def copy_in(
             crcs[name] = info["crcs"]
         store.commit(crcs)
     return crcs, int(meta["store_version"])
+
+
+def _adopt(store: PageStore, directory: str, meta: dict) -> dict:
+    """The checksums of an in-store checkpoint (`copy_out` ``in_store=True``), once the store
+    is the one it names and still holds the version it recorded; nothing is written."""
+    root, version = os.path.realpath(store.root), int(meta["store_version"])
+    if meta["in_store"] != root:
+        raise PageStoreError(
+            f"restore_paged: checkpoint {directory} is an in-store checkpoint: its optimizer "
+            f"state is version {version} of the page store {meta['in_store']}, not a copy; "
+            f"restore it with that store (--store {meta['in_store']}), not {root}"
+        )
+    crcs = {name: meta["entries"][name]["crcs"] for name in store.entries}
+    if stale_reason(store, version, crcs) is not None:
+        raise PageStoreCorruptError(
+            f"restore_paged: checkpoint {directory} is an in-store checkpoint (its optimizer "
+            f"state is version {version} of page store {root}, not a copy), and the store no "
+            f"longer holds that version: it holds version {store.version}, written after the "
+            "checkpoint (or the store was re-created); restore an older checkpoint"
+        )
+    return crcs
 
 
 def _check_page_files(store: PageStore, saved: dict, directory: str) -> None:

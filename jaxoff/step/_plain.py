@@ -272,7 +272,9 @@ class PlainStep(_OptaxStep):
         if self.paged:
             from ..optim import save_paged
 
-            save_paged(self.tx, state.opt_state, writer.paged_part(step))  # pyright: ignore[reportArgumentType] (paged: checked above)
+            save_paged(
+                self.tx, state.opt_state, writer.paged_part(step), in_store=writer.paged_in_store
+            )  # pyright: ignore[reportArgumentType] (paged: checked above)
         writer.save_tree(step, state)
 
     def compile(self, state: TrainState, inputs, targets) -> TrainState:

@@ -36,7 +36,14 @@ class CheckpointReader(Protocol):
 
 
 class CheckpointWriter(Protocol):
-    """The trainer's checkpoints, as a step writes its part of one."""
+    """The trainer's checkpoints, as a step writes its part of one.
+
+    Attributes:
+      paged_in_store: the paged part records the store's committed version (its checksums)
+        instead of copying it (``jaxoff.optim.save_paged``'s ``in_store``).
+    """
+
+    paged_in_store: bool
 
     def paged_part(self, step: int) -> Path:
         """Where this process writes the paged part of checkpoint ``step``."""

@@ -129,7 +129,9 @@ class ShardedPagedStep(_OptaxStep):
         optimizer state is each process's own)."""
         from ..optim import save_paged
 
-        save_paged(self.tx, state.opt_state, writer.paged_part(step))
+        save_paged(
+            self.tx, state.opt_state, writer.paged_part(step), in_store=writer.paged_in_store
+        )
         writer.save_tree(step, state._replace(opt_state=None))
 
     def compile(self, state: TrainState, inputs, targets) -> TrainState:

@@ -129,7 +129,9 @@ class FuyouStep:
         parameters (orbax)."""
         from .fuyou import fuyou_save
 
-        fuyou_save(self.tx, state.opt_state, writer.paged_part(step))
+        fuyou_save(
+            self.tx, state.opt_state, writer.paged_part(step), in_store=writer.paged_in_store
+        )
         state = state._replace(opt_state=None)  # the store's: in the paged part
         if self.blocks_as_bits:  # saved as floats (a view of the bits: no copy)
             state = state._replace(params=_float_view(state.params, self.param_dtype))

@@ -31,7 +31,8 @@ class Checkpoints:
     What a checkpoint holds is the step's to say (``step``, a :class:`jaxoff.step.Step`:
     ``step.save(self, ...)``, ``step.restore(self, ...)``): its paged part, the page store's
     committed version streamed chunk by chunk into ``<out_dir>/checkpoints_paged/<step>``
-    (`paged_part`), first, then the orbax checkpoint of the same step (`save_tree`: what the
+    (`paged_part`; with ``paged_in_store``, a manifest naming that version of the store
+    instead), first, then the orbax checkpoint of the same step (`save_tree`: what the
     store does not hold). The step counts as saved once ``checksums.json`` is in its orbax
     directory (see ``_checksums``), and only then are old checkpoints removed.
 
@@ -41,7 +42,7 @@ class Checkpoints:
     every part: the step counts as saved for all processes or for none.
     """
 
-    def __init__(self, out_dir: Path, keep: int, step=None):
+    def __init__(self, out_dir: Path, keep: int, step=None, paged_in_store: bool = False):
         import jax
 
         self.out_dir = Path(out_dir).absolute()
@@ -49,6 +50,8 @@ class Checkpoints:
         self.paged_directory = self.out_dir / "checkpoints_paged"
         self.keep = keep
         self.step: Any = step  # the jaxoff.step.Step whose states these are
+        # the paged part names the store's committed version instead of copying it
+        self.paged_in_store = paged_in_store
         self.process, self.processes = jax.process_index(), jax.process_count()
         _quiet_orbax_disk_full()
         # retention is ours (max_to_keep=None): orbax would delete the previous checkpoint

@@ -23,6 +23,7 @@ from ._options import (
     DataOptions,
     ModelOptions,
     OptimOptions,
+    PagedCheckpoint,
     RunOptions,
     StoreOptions,
     Strategy,
@@ -150,6 +151,7 @@ class TrainConfig:
     store = _Flat(lambda c: c.store_options.store)
     chunk_mib = _Flat(lambda c: c.store_options.chunk_mib)
     store_slots = _Flat(lambda c: c.store_options.store_slots)
+    paged_checkpoint = _Flat(lambda c: c.store_options.paged_checkpoint)
     placement = _Flat(lambda c: c.strategy_options.placement)
     fsdp = _Flat(lambda c: c.strategy_options.fsdp)
     strategy = _Flat(lambda c: c.strategy_options.strategy)
@@ -224,6 +226,16 @@ class TrainConfig:
                     f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
                     f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}"
                 )
+        if self.paged_checkpoint not in typing.get_args(PagedCheckpoint):
+            raise ConfigError(
+                f"--paged-checkpoint must be copy or store, got {self.paged_checkpoint!r}"
+            )
+        if self.paged_checkpoint == "store" and self.store_dir() is None:
+            raise ConfigError(
+                "--paged-checkpoint store records the page store's version in each checkpoint, "
+                "but --store none keeps the optimizer state in RAM; drop --paged-checkpoint or "
+                "give a --store"
+            )
         self._check_fuyou(model)
         self.data_options.check_files()
         check_writable(Path(self.out_dir), "--out-dir", "choose another --out-dir")
@@ -430,6 +442,7 @@ RESUMABLE_CHANGES = frozenset(
         "store",  # the paged state is restored from the checkpoint into any store directory
         "chunk_mib",
         "store_slots",
+        "paged_checkpoint",  # how the next checkpoints hold the paged state
         "fuyou_read_ahead_mib",  # how far reads run ahead, not what the step computes
         "compile_cache",  # where compiled programs are kept, not what they compute
     }

@@ -151,7 +151,9 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
 
     step_fn = build_step(cfg)  # the plain, sharded or Fuyou step, with its optimizer
     try:
-        ckpts = Checkpoints(out, cfg.keep_checkpoints, step_fn)
+        ckpts = Checkpoints(
+            out, cfg.keep_checkpoints, step_fn, paged_in_store=cfg.paged_checkpoint == "store"
+        )
         try:
             if cfg.resume and cfg.store_dir() is not None:
                 heal_store(cfg, restore_from)

@@ -18,6 +18,7 @@ from .._errors import ConfigError
 
 Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
 Strategy = Literal["plain", "fuyou"]
+PagedCheckpoint = Literal["copy", "store"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,11 +168,20 @@ class StoreOptions:
             written (a crash mid-step loses nothing); 1 updates the store in place with half
             the disk (12 instead of 24 bytes/parameter with AdamW), and a crash mid-step is
             then recovered from the last checkpoint (--resume).
+        paged_checkpoint: what a checkpoint holds of the paged state: ``copy`` streams the
+            store's committed version into it (the disk then holds the state twice; the
+            checkpoint stays restorable whatever the store does next); ``store`` records that
+            version of the store by its checksums, without a copy (no extra disk, for a store
+            as large as the disk). A ``store`` checkpoint restores only from the same --store
+            and only while the store still holds that version: the next step overwrites it
+            (with --store-slots 2, the step after), so it suits a run's last checkpoint;
+            --resume then falls back to an older checkpoint (--resume-fallback) or says so.
     """
 
     store: str = "auto"
     chunk_mib: int = 16
     store_slots: int = 2
+    paged_checkpoint: PagedCheckpoint = "copy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +273,7 @@ FLAT_NAMES: tuple[str, ...] = (
     "store",
     "chunk_mib",
     "store_slots",
+    "paged_checkpoint",
     "placement",
     "fsdp",
     "strategy",

@@ -133,13 +133,14 @@ def _state(lay: _Layout, version: int, crcs: dict, ram) -> FuyouState:
     )
 
 
-def fuyou_save(tx, opt_state: FuyouState, directory) -> int:
+def fuyou_save(tx, opt_state: FuyouState, directory, *, in_store: bool = False) -> int:
     """Copies the store version ``opt_state`` describes (optimizer state and, with
     ``page_params``, the block parameters) into the checkpoint directory ``directory``;
     returns its bytes.
 
     The copy is atomic and every chunk is verified on the way (``jaxoff.optim``'s
-    ``copy_out``, the format `fuyou_restore` and ``restore_paged`` read).
+    ``copy_out``, the format `fuyou_restore` and ``restore_paged`` read). ``in_store``:
+    record that version of the store instead of copying it (``copy_out``'s ``in_store``).
 
     Raises:
       PageStoreError: ``opt_state`` is not the store's committed version (a stale state).
@@ -150,7 +151,7 @@ def fuyou_save(tx, opt_state: FuyouState, directory) -> int:
     reason = lay.commits.stale(opt_state.version, [*opt_state.crcs, *opt_state.params])
     if reason is not None:
         raise PageStoreError(f"fuyou_save: {reason}; save the state the last step returned")
-    return copy_out(lay.store, directory)
+    return copy_out(lay.store, directory, in_store=in_store)
 
 
 def fuyou_restore(
