@@ -18,6 +18,13 @@ largest relative difference of the loss curves. Writes
 bench/results/equivalence/DATE-COMMIT.json (or --out).
 
     python bench/equivalence.py [--steps 300]
+
+``distributed``: how far two processes' training (``jaxoff train --fsdp 4``, 4 XLA CPU
+devices) is from one process's and from optax in RAM, the figures behind the tolerances of
+``tests/test_distributed.py`` (``_equivalence/distributed.py``); writes
+bench/results/distributed_equivalence/ (with --json)::
+
+    python bench/equivalence.py distributed --json bench/results/distributed_equivalence/NAME.json
 """
 
 from __future__ import annotations
@@ -164,13 +171,19 @@ def distances(run, base) -> dict:
     }
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["distributed"]:
+        from _equivalence import distributed
+
+        distributed.cli(argv[1:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument(
         "--out", default=None, help="default: bench/results/equivalence/DATE-COMMIT.json"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     data = batches(args.steps)
     t0 = time.perf_counter()
     runs = {

@@ -5,6 +5,7 @@
     python bench/gpu.py --out bench/results/gpu --parts policies
     python bench/gpu.py --out bench/results/gpu --parts capacity --capacity-mode plain
     python bench/gpu.py --out bench/results/gpu --parts capacity --capacity-mode jaxoff
+    python bench/gpu.py probe --placement host_params_stream1 --layers 8   # one measurement
 
 Parts:
   env         device, driver, JAX/flax/optax/orbax versions (and whether they sit inside
@@ -21,11 +22,12 @@ Parts:
               (every probe kept, including failures). A plan is a placement, paged:<placement>,
               or bench:<mode> for bench/capacity.py's plain-bf16 and fuyou-nvme probes
 
-Every measurement runs in a child process of its own (bench/gpu_probe.py): a device's peak
-cannot be reset, and an out-of-memory probe must not take down the search. Each invocation
-stops starting probes once --budget-s is spent and says so; running the same command again
-resumes (probes already recorded in the output directory are not run again), so each part
-fits the 10-minute limit of a lent machine. Without a GPU it stops at once: ``no GPU: ...``.
+Every measurement runs in a child process of its own (``bench/gpu.py probe``, the code in
+``_gpu/probe.py``): a device's peak cannot be reset, and an out-of-memory probe must not take
+down the search. Each invocation stops starting probes once --budget-s is spent and says so;
+running the same command again resumes (probes already recorded in the output directory are
+not run again), so each part fits the 10-minute limit of a lent machine. Without a GPU it stops
+at once: ``no GPU: ...``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = ROOT / "bench" / "gpu_probe.py"
+PROBE = [str(ROOT / "bench" / "gpu.py"), "probe"]  # one measurement, a process of its own
 NO_GPU_EXIT = 3
 PLACEMENTS = [
     "device",
@@ -265,7 +267,7 @@ def part_tests(out: Path, kind: str, a) -> None:
 
 # ----------------------------------------------------------------------------- probes
 def run_probe(args: dict, timeout: float) -> dict:
-    cmd = [sys.executable, str(PROBE)]
+    cmd = [sys.executable, *PROBE]
     for k, v in args.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     t0 = time.perf_counter()
@@ -285,7 +287,7 @@ def run_probe(args: dict, timeout: float) -> dict:
     rec["wall_s"] = round(time.perf_counter() - t0, 1)
     rec["command"] = " ".join(
         env_prefix()
-        + ["python", "bench/gpu_probe.py"]
+        + ["python", "bench/gpu.py", "probe"]
         + [f"--{k.replace('_', '-')} {v}" for k, v in args.items()]
     )
     return rec
@@ -491,6 +493,13 @@ def seed_from(src: Path, out: Path) -> None:
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["probe"]:  # one measurement (the parts' child processes)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: _gpu, capacity
+        from _gpu import probe
+
+        probe.main(argv[1:])
+        return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="directory for the JSON records")
     p.add_argument(

@@ -213,8 +213,6 @@ def _training() -> list[Figure]:
     cpu = sorted(r["cpu_s"] for r in runs)
     m = lambda s: f"{int(s // 60)} min {int(round(s % 60)):02d} s"  # noqa: E731
     r0 = runs[0]
-    rc = load("resume_compile/tiny.json")
-    med, ratios = rc["median"], rc["ratios"]
     lw = load("layerwise_init/xl.json")
     recs = lw["records"]
     mp = {k: load(f"multiprocess/{k}.json")["ratio_2_over_1"] for k in ("tiny", "mini")}
@@ -230,15 +228,6 @@ def _training() -> list[Figure]:
             (job_rel,),
             f"The main job, `jaxoff train` (2-core CPU) | loss {r0['first_loss']:.2f} → "
             f"{r0['last_loss']:.2f}, {m(walls[0])} to {m(walls[-1])}",
-        ),
-        Figure(
-            "training",
-            "a resumed run's compile of the paged step, FFI host call / `io_callback`",
-            f"{med['ffi']['resume_compile_s']:.2f} against "
-            f"{med['io_callback']['resume_compile_s']:.2f} s "
-            f"({ratios['resume_compile_ffi_over_io_callback']:.3f}×); whole resumed run "
-            f"{ratios['resume_wall_ffi_over_io_callback']:.2f}×",
-            ("resume_compile/tiny.json",),
         ),
         Figure(
             "training",
@@ -294,6 +283,8 @@ def _investigations() -> list[Figure]:
     xo = load("xla_cpu_overlap/2026-11-26.json")["results"]
     scan = next(v for k, v in xo.items() if "scan" in k)
     crc = load("crc32c_speed/2026-11-26.json")["rows"]
+    rc = load("resume_compile/tiny.json")
+    med, ratios = rc["median"], rc["ratios"]
     return [
         Figure(
             "investigations",
@@ -316,6 +307,15 @@ def _investigations() -> list[Figure]:
             "the engine's crc32c / the `crc32c` package, by chunk size",
             ", ".join(f"{r['kib']} KiB {r['ratio']:.2f}×" for r in crc),
             ("crc32c_speed/2026-11-26.json",),
+        ),
+        Figure(
+            "investigations",
+            "a resumed run's compile of the paged step, FFI host call / `io_callback`",
+            f"{med['ffi']['resume_compile_s']:.2f} against "
+            f"{med['io_callback']['resume_compile_s']:.2f} s "
+            f"({ratios['resume_compile_ffi_over_io_callback']:.3f}×); whole resumed run "
+            f"{ratios['resume_wall_ffi_over_io_callback']:.2f}×",
+            ("resume_compile/tiny.json",),
         ),
     ]
 
@@ -347,13 +347,12 @@ SECTIONS: dict[str, tuple[str, str, Callable[[], list[Figure]]]] = {
     ),
     "training": (
         "Training",
-        "`jaxoff train`, `bench/resume_compile.py`, `bench/layerwise_init.py`, "
-        "`bench/multiprocess.py`.",
+        "`jaxoff train`, `bench/layerwise_init.py`, `bench/multiprocess.py`.",
         _training,
     ),
     "planner": (
         "Planner",
-        "`bench/plan_options.py`, `bench/plan_validate.py`: `jaxoff plan` prices its plans by "
+        "`bench/plan.py options`, `bench/plan.py validate`: `jaxoff plan` prices its plans by "
         "compiling 4- and 8-layer copies of the model ([planner](guide/planner.md)).",
         _planner,
     ),
@@ -446,7 +445,8 @@ def benchmarks_page(figs: list[Figure] | None = None) -> str:
         "## Where each result came from",
         "",
         "Commands are shown without their `--json` / `--out` argument: each wrote the file "
-        "named in its row, which has since moved under `bench/results/<bench>/`.",
+        "named in its row, which has since moved under `bench/results/<bench>/`. They are as "
+        "recorded: [bench/README.md](../bench/README.md) gives each bench's command today.",
         "",
         "| result | bench | date | commit | machine | command |",
         "|---|---|---|---|---|---|",

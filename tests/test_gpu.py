@@ -10,7 +10,7 @@ for the GPU; the paged AdamW step on the GPU equals plain optax on the GPU (bitw
 leaf, as tests/test_paged.py does on CPU); host placement lowers the device's peak memory;
 layer streaming keeps at most ``w + 1`` layers of parameters on the device. Memory figures
 come from ``device.memory_stats()["peak_bytes_in_use"]`` of a child process per measurement
-(bench/gpu_probe.py), since the peak cannot be reset within a process.
+(``bench/gpu.py probe``), since the peak cannot be reset within a process.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from jaxoff.aio._ffi_calls import (
 from jaxoff.optim import paged
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = ROOT / "bench" / "gpu_probe.py"
+PROBE = [str(ROOT / "bench" / "gpu.py"), "probe"]
 
 
 def _no_gpu_reason() -> str | None:
@@ -174,8 +174,8 @@ def test_paged_adamw_step_on_gpu_is_bitwise_plain_optax_leaf_by_leaf(gpu, tmp_pa
 
 
 def probe(**kw) -> dict:
-    """One bench/gpu_probe.py measurement in a child process (its own peak)."""
-    args = [sys.executable, str(PROBE)]
+    """One ``bench/gpu.py probe`` measurement in a child process (its own peak)."""
+    args = [sys.executable, *PROBE]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)

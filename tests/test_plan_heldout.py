@@ -9,7 +9,7 @@ full-depth (16-layer) step and compares: what is tested is that the extrapolatio
 depth holds for every preset and MILP plan (each on both shapes and in both dtypes) at
 long sequences, where the s^2 attention scores outweigh the [b, s, d] tensors and the
 linear cost model errs by up to 21%. The two depths were chosen on the probes of
-``bench/plan_probe.py``'s two shapes (a GPT of width 48 at batch 3 x seq 149, a Llama of
+``bench/plan.py probe``'s two shapes (a GPT of width 48 at batch 3 x seq 149, a Llama of
 width 64 at batch 2 x seq 203); these shapes, widths and head counts were not used.
 """
 

@@ -549,7 +549,7 @@ def child(spec: dict) -> dict:
 
     sys.path.insert(0, str(BENCH))
     import capacity
-    import gpu_probe
+    from _gpu import probe as gpu_probe
 
     dev = jax.devices()[0]
     store = gpu_probe.new_store(spec.get("store_dir"))

@@ -10,10 +10,10 @@
    the measured step time of the MILP's plan vs the fastest preset whose *measured*
    memory fits the same budget (same run, same process, ratios).
 
-    python bench/plan_validate.py                       # default grid (~5-10 min here)
-    python bench/plan_validate.py --models tiny --quick # a minute
-    python bench/plan_validate.py --models tiny,llama-tiny --shapes 3x37 --quick
-    python bench/plan_validate.py --models tiny,llama-tiny --shapes 3x149 --layers 16 --quick
+    python bench/plan.py validate                       # default grid (~5-10 min here)
+    python bench/plan.py validate --models tiny --quick # a minute
+    python bench/plan.py validate --models tiny,llama-tiny --shapes 3x37 --quick
+    python bench/plan.py validate --models tiny,llama-tiny --shapes 3x149 --layers 16 --quick
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import dataclasses
 import itertools
 import json
 import random
-import sys
 import time
-from pathlib import Path
+
+from _common.results import write_result
 
 from jaxoff.nn import load_model
 from jaxoff.plan import (
@@ -40,9 +40,6 @@ from jaxoff.plan import (
     solve,
     solve_priced,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
-from _common.results import write_result  # noqa: E402
 
 
 def _model(name: str, dtype: str, layers: int | None):
@@ -190,8 +187,8 @@ def speed_under_budget(model, batch, seq, frac, steps, hw, out):
     return line
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="bench/plan.py validate", description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,mini,small")
     ap.add_argument("--shapes", default="2x64,8x128", help="BATCHxSEQ,...")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="compute dtypes, comma-separated")
@@ -215,7 +212,7 @@ def main():
         help="summary: every memory case and the worst error per dtype (default: "
         "bench/results/plan_validate/DATE-COMMIT.json)",
     )
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     if a.quick:
         shapes = shapes[:1]
@@ -251,7 +248,3 @@ def main():
         speed=speed,
     )
     write_result("plan_validate", args=vars(a), path=a.json, **summary)
-
-
-if __name__ == "__main__":
-    main()

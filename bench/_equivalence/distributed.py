@@ -14,7 +14,7 @@ last step (and its ratio to the largest distance any parameter moved from its in
 value), the largest relative loss and gradient-norm difference, and how many steps' losses
 are bitwise equal.
 
-    python bench/distributed_equivalence.py --json bench/results/distributed_equivalence/NAME.json
+    python bench/equivalence.py distributed --json bench/results/distributed_equivalence/NAME.json
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import tyro
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
-from _common.results import write_result  # noqa: E402
+from _common.results import write_result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,5 +130,6 @@ def main(a: Args) -> dict:
     return result
 
 
-if __name__ == "__main__":
-    main(tyro.cli(Args))
+def cli(argv: list[str]) -> dict:
+    """``bench/equivalence.py distributed ARGS``."""
+    return main(tyro.cli(Args, args=argv, prog="bench/equivalence.py distributed"))

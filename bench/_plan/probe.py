@@ -2,15 +2,18 @@
 the presets, the MILP's plans and (with ``all``) every plan that keeps one name and
 recomputes the rest, on one held-out shape; writes ``bench/results/plan_probe/SHAPE-DTYPE.json``.
 
-    python bench/plan_probe.py gpt-d48h3-b3s149 float32 all
-    python bench/plan_probe.py llama-d64h4kv2-b2s203 bfloat16
+    python bench/plan.py probe gpt-d48h3-b3s149 float32 all
+    python bench/plan.py probe llama-d64h4kv2-b2s203 bfloat16
 """
 
+import argparse
 import dataclasses
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from _common.results import RESULTS, write_result
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
 
 from test_plan_heldout import HW, PLANS, _plan  # noqa: E402
 
@@ -18,16 +21,13 @@ from jaxoff.models.gpt import GPTConfig  # noqa: E402
 from jaxoff.models.llama import LlamaConfig  # noqa: E402
 from jaxoff.plan import Plan, evaluate, measured_temp_bytes, profile  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/: the result writer
-from _common.results import RESULTS, write_result  # noqa: E402
-
 SHAPES = {
     "gpt-d48h3-b3s149": (GPTConfig(6, 48, 3, 192, max_seq_len=160), 3, 149),
     "llama-d64h4kv2-b2s203": (LlamaConfig(6, 64, 4, 2, 160, max_seq_len=256), 2, 203),
 }
 
 
-def main(shape: str, dtype: str, every_single: bool) -> None:
+def run(shape: str, dtype: str, every_single: bool) -> None:
     base, b, s = SHAPES[shape]
     cfg = dataclasses.replace(base, dtype=dtype, param_dtype=dtype)
     prof = profile(cfg, b, s, model=shape)
@@ -46,5 +46,10 @@ def main(shape: str, dtype: str, every_single: bool) -> None:
     write_result("plan_probe", args=args, records=rows, path=out, prof=prof.to_json())
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], "all" in sys.argv[3:])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="bench/plan.py probe", description=__doc__.splitlines()[0])
+    ap.add_argument("shape", choices=SHAPES)
+    ap.add_argument("dtype", choices=("float32", "bfloat16"))
+    ap.add_argument("all", nargs="?", choices=("all",), help="also every keep-one-name plan")
+    a = ap.parse_args(argv)
+    run(a.shape, a.dtype, a.all == "all")

@@ -9,7 +9,7 @@ process, once with ``compile_step`` as it is (the options) and once with the opt
 off (XLA's default compile, what the planner priced before), and compares each price with the
 full-depth step compiled as the trainer compiles it::
 
-    python bench/plan_options.py --json bench/results/plan_options/NAME.json
+    python bench/plan.py options --json bench/results/plan_options/NAME.json
 
 Prints, per model and plan, price / trained - 1 for both; and the profile's kept widening
 (XLA:CPU's float32 size of a kept bf16 residual per traced byte) both ways.
@@ -22,16 +22,13 @@ import contextlib
 import dataclasses
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
+
+from _common.results import write_result
 
 from jaxoff.nn import load_model
 from jaxoff.placement import xla_default_options
 from jaxoff.plan import Pricer, compared_presets, measured_temp_bytes, preset, preset_plan, profile
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
-from _common.results import write_result  # noqa: E402
 
 HW = preset("h100-sxm")
 
@@ -93,14 +90,14 @@ def run_model(model: str, layers: int, batch: int, seq: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="bench/plan.py options", description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["tiny", "mini"])
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     rows = []
     for m in a.models:
         rows += run_model(m, a.layers, a.batch, a.seq)
@@ -114,7 +111,3 @@ def main() -> None:
     print(json.dumps(summary, indent=1))
     if a.json:
         write_result("plan_options", args=vars(a), summary=summary, records=rows, path=a.json)
-
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,8 @@ another run directory (same cache). Reported per process: its wall time and the 
 time of ``jit(train_step)`` (from ``JAX_LOG_COMPILES``); medians over ``--rounds`` rounds,
 modes alternating.
 
-    python bench/resume_compile.py --rounds 3 --json bench/results/resume_compile/NAME.json
+    python bench/investigations/resume_compile.py --rounds 3 \\
+        --json bench/results/resume_compile/NAME.json
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the result writer
 from _common.results import write_result  # noqa: E402
 
 MODES = ("ffi", "io_callback")

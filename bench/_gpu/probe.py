@@ -1,4 +1,5 @@
-"""One GPU measurement in a process of its own (driven by bench/gpu.py and tests/test_gpu.py).
+"""One GPU measurement in a process of its own: ``bench/gpu.py probe`` (driven by bench/gpu.py's
+parts and tests/test_gpu.py).
 
 Trains a GPT (GPT-2 shapes, 256-byte vocabulary, the embedded default corpus) for ``--steps``
 steps under one placement, remat policy and optimizer, then prints one JSON line: the device's
@@ -6,9 +7,9 @@ steps under one placement, remat policy and optimizer, then prints one JSON line
 a process of its own), the compiled step's ``memory_analysis()``, step times, tokens/s,
 losses, and parameter / per-layer bytes.
 
-    python bench/gpu_probe.py --placement host_params_stream1 --layers 8 --d-model 1024
-    python bench/gpu_probe.py --optimizer paged --placement host_params --store-dir /nvme/x
-    python bench/gpu_probe.py --bench-mode fuyou-nvme --layers 48 --d-model 1024 --steps 10
+    python bench/gpu.py probe --placement host_params_stream1 --layers 8 --d-model 1024
+    python bench/gpu.py probe --optimizer paged --placement host_params --store-dir /nvme/x
+    python bench/gpu.py probe --bench-mode fuyou-nvme --layers 48 --d-model 1024 --steps 10
 
 It refuses to run without a GPU (``no GPU: ...``, exit 3): its figures mean nothing on a CPU.
 """
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # peak = what the step used
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ from a source tree
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # models/ from a source tree
 
 NO_GPU_EXIT = 3
 
@@ -224,7 +225,7 @@ def run_bench_mode(a: argparse.Namespace) -> dict:
     on the GPU with its device-memory figures added: the CPU capacity record's pair of modes."""
     import jax
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
     import capacity
 
     dev = gpu_devices()[0]
@@ -267,7 +268,7 @@ def run_bench_mode(a: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="bench/gpu.py probe", description=__doc__.splitlines()[0])
     p.add_argument("--placement", default="device")
     p.add_argument("--policy", default="full", help="remat preset (jaxoff.policy.PRESETS)")
     p.add_argument("--optimizer", choices=("adamw", "paged"), default="adamw")
@@ -308,7 +309,3 @@ def main(argv=None) -> None:
     if a.out:
         Path(a.out).write_text(line + "\n")
     print(line)
-
-
-if __name__ == "__main__":
-    main()

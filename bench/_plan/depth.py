@@ -2,36 +2,32 @@
 pricing extrapolates (``jaxoff.plan.Pricer``). Compiles one plan at several depths and
 reports the per-layer growth and the error of extrapolating from two depths.
 
-    python bench/plan_depth.py --json bench/results/plan_depth/NAME.json
+    python bench/plan.py depth --json bench/results/plan_depth/NAME.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-from pathlib import Path
 
-from plan_probe import SHAPES  # the two probed shapes (this script's directory)
+from _common.results import write_result
 
+from _plan.probe import SHAPES  # the two probed shapes
 from jaxoff.plan import measured_temp_bytes, preset_plan, profile
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the result writer
-from _common.results import write_result  # noqa: E402
 
 DEPTHS = (2, 3, 4, 6, 8, 12, 16, 24)
 PAIRS = ((2, 4), (4, 8))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="bench/plan.py depth", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--plans", default="full,attention_core,offload_dots")
     ap.add_argument(
         "--json", default=None, help="default: bench/results/plan_depth/DATE-COMMIT.json"
     )
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     rows = []
     for shape in a.shapes.split(","):
         base, batch, seq = SHAPES[shape]
@@ -70,7 +66,3 @@ def main() -> None:
     }
     print("worst |error| per pair of depths:", {k: f"{100 * v:.2f}%" for k, v in worst.items()})
     write_result("plan_depth", args=vars(a), summary=worst, records=rows, path=a.json)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,1 @@
+"""``bench/gpu.py probe``: one GPU measurement in a process of its own (``probe.py``)."""
