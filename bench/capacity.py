@@ -132,13 +132,15 @@ def store_bytes_per_param(mode: str) -> int:
     return STORE_BYTES_PER_PARAM + (PARAM_STORE_BYTES if mode == "fuyou-nvme" else 0)
 
 
-def checkpoint_bytes(n_params: int, mode: str) -> int:
+def checkpoint_bytes(n_params: int, mode: str, paged_checkpoint: str = "copy") -> int:
     """Disk a ``jaxoff train`` checkpoint of ``mode`` needs: the store's committed version
-    (one slot) and the parameters orbax holds (bf16 in RAM; none paged with fuyou-nvme;
-    fp32 parameters and moments with plain)."""
+    (one slot; none with ``--paged-checkpoint store``, whose checkpoint names the store's
+    version instead) and the parameters orbax holds (bf16 in RAM; none paged with
+    fuyou-nvme; fp32 parameters and moments with plain)."""
     if mode == "plain":
         return 12 * n_params
-    return store_bytes_per_param(mode) * n_params + (0 if mode == "fuyou-nvme" else 2 * n_params)
+    copy = 0 if paged_checkpoint == "store" else store_bytes_per_param(mode) * n_params
+    return copy + (0 if mode == "fuyou-nvme" else 2 * n_params)
 
 
 def store_bytes(n_params: int, mode: str, slots: int = 2) -> int:
@@ -531,6 +533,7 @@ def train_options(
     warmup_steps: int = 3,
     data: Path | None = None,
     read_ahead_mib: int | None = None,
+    paged_checkpoint: str = "copy",
 ) -> dict:
     """The ``jaxoff train`` options (``jaxoff.train.TrainConfig``'s flat fields) of a probe
     of ``mode``:
@@ -560,6 +563,7 @@ def train_options(
         progress=False,
         store="none" if mode == "plain" else str(store_dir),
         store_slots=slots,
+        paged_checkpoint="copy" if mode == "plain" else paged_checkpoint,
         strategy="fuyou" if mode.startswith("fuyou") else "plain",
         page_params=mode == "fuyou-nvme",
         fuyou_read_ahead_mib=read_ahead_mib,
@@ -597,6 +601,7 @@ def run_train_probe(
     data: str = "corpus",
     pure_io_reps: int = 0,
     read_ahead_mib: int | None = None,
+    paged_checkpoint: str = "copy",
 ) -> dict:
     """`run_probe` through the public trainer: ``jaxoff.train.train`` of `train_options`,
     in this process; the record from its result and ``metrics.jsonl`` (peak RSS as the
@@ -617,6 +622,7 @@ def run_train_probe(
     options = train_options(
         mode, num_layers, d_model, seq_len, batch_size, steps, work / "run", store_dir,
         lr=lr, slots=slots, warmup_steps=warmup_steps, data=path, read_ahead_mib=read_ahead_mib,
+        paged_checkpoint=paged_checkpoint,
     )  # fmt: skip
     cfg = TrainConfig(**options)
     rec: dict = {
@@ -684,6 +690,7 @@ def child_main(a: argparse.Namespace) -> None:
     ).start()
     try:
         run = run_train_probe if a.via == "train" else run_probe
+        extra = {"paged_checkpoint": a.paged_checkpoint} if a.via == "train" else {}
         rec = run(
             a.mode,
             a.layers,
@@ -698,6 +705,7 @@ def child_main(a: argparse.Namespace) -> None:
             data=a.data,
             pure_io_reps=a.pure_io_reps,
             read_ahead_mib=a.read_ahead_mib,
+            **extra,
         )
         rec["status"] = "ok"
     except BaseException as e:  # report any crash as the probe's outcome
@@ -732,6 +740,7 @@ def probe(
     pure_io_reps: int = 0,
     read_ahead_mib: int | None = None,
     via: str = "loop",
+    paged_checkpoint: str = "copy",
 ) -> dict:
     """Runs one probe in a child process and returns its record (see the module doc).
 
@@ -762,8 +771,9 @@ def probe(
         "slots": slots if mode in PAGED_MODES else None,
         "via": via,
     }
-    if via == "train":  # the run ends on a checkpoint: a copy of the store's version too
-        rec["checkpoint_bytes_needed"] = checkpoint_bytes(n_params, mode)
+    if via == "train":  # the run ends on a checkpoint (with a copy of the store's version)
+        rec["paged_checkpoint"] = paged_checkpoint
+        rec["checkpoint_bytes_needed"] = checkpoint_bytes(n_params, mode, paged_checkpoint)
     root = Path(store_dir or tempfile.gettempdir())
     root.mkdir(parents=True, exist_ok=True)
     if mode in PAGED_MODES:
@@ -816,6 +826,8 @@ def probe(
         str(pure_io_reps),
         "--via",
         via,
+        "--paged-checkpoint",
+        paged_checkpoint,
     ] + ([] if read_ahead_mib is None else ["--read-ahead-mib", str(read_ahead_mib)])
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parents[1])
@@ -879,13 +891,14 @@ def disk_cap_layers(
     seq_len: int,
     reserve_gib: float,
     via: str = "loop",
+    paged_checkpoint: str = "copy",
 ) -> int:
     """Most layers (at least 1) whose ``mode`` store of ``slots`` slots (and with ``via``
     ``train`` its last checkpoint) fits the free disk under ``root`` less ``reserve_gib``."""
     free = shutil.disk_usage(root).free - reserve_gib * GIB
 
     def need(n: int) -> int:
-        ckpt = checkpoint_bytes(n, mode) if via == "train" else 0
+        ckpt = checkpoint_bytes(n, mode, paged_checkpoint) if via == "train" else 0
         return store_bytes(n, mode, slots) + ckpt
 
     per = need(1 << 30) / (1 << 30)
@@ -921,7 +934,13 @@ def search(
         root = kw.get("store_dir") or tempfile.gettempdir()
         reserve = kw.get("disk_reserve_gib", 4.0)
         via = kw.get("via", "loop")
-        hi = disk_cap_layers(root, mode, kw.get("slots", 2), d_model, seq_len, reserve, via) + 1
+        in_store = kw.get("paged_checkpoint", "copy")
+        hi = (
+            disk_cap_layers(
+                root, mode, kw.get("slots", 2), d_model, seq_len, reserve, via, in_store
+            )
+            + 1
+        )
         run(hi)  # recorded as skipped: "disk-bound"
         if records[hi]["fits"]:  # free disk changed under us; fall back to walking
             hi = None
@@ -1087,6 +1106,14 @@ def main(argv=None) -> None:
         help="train: each probe is a `jaxoff train` run (modes plain, paged, fuyou, "
         "fuyou-nvme); loop: this bench's instrumented loop (plain-bf16 always runs in it)",
     )
+    p.add_argument(
+        "--paged-checkpoint",
+        choices=("copy", "store"),
+        default="copy",
+        help="with --via train: what the run's checkpoints hold of the page store (`jaxoff "
+        "train --paged-checkpoint`): copy (the disk holds the state twice) or store (its "
+        "version, named; no copy)",
+    )
     a = p.parse_args(argv)
     if a.child:
         return child_main(a)
@@ -1146,6 +1173,7 @@ def main(argv=None) -> None:
                 seq_len=a.seq_len,
                 on_probe=on_probe,
                 via=a.via if mode in TRAIN_MODES else "loop",
+                paged_checkpoint=a.paged_checkpoint,
                 **kw,
             )
     render(records, console)

@@ -287,3 +287,17 @@ def test_trainer_probe_disk_cap_counts_the_checkpoint(capacity, tmp_path):
     import shutil
 
     assert need <= shutil.disk_usage(tmp_path).free - 4 * (1 << 30)
+    # --paged-checkpoint store: the checkpoint names the store's version, no copy of it
+    in_store = capacity.disk_cap_layers(
+        str(tmp_path), "fuyou", 1, 2048, 128, 4.0, via="train", paged_checkpoint="store"
+    )
+    assert train < in_store < loop
+    assert capacity.checkpoint_bytes(n, "fuyou", "store") == 2 * n  # the bf16 parameters
+    assert capacity.checkpoint_bytes(n, "fuyou-nvme", "store") == 0
+    assert capacity.checkpoint_bytes(n, "plain", "store") == 12 * n  # no store: RAM state
+    opts = capacity.train_options("fuyou", 2, 128, 32, 1, 10, tmp_path, tmp_path / "s",
+                                  paged_checkpoint="store")  # fmt: skip
+    assert opts["paged_checkpoint"] == "store"
+    plain = capacity.train_options("plain", 2, 128, 32, 1, 10, tmp_path, None,
+                                   paged_checkpoint="store")  # fmt: skip
+    assert plain["paged_checkpoint"] == "copy"
