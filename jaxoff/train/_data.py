@@ -15,10 +15,14 @@ import json
 import os
 import sysconfig
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._errors import ConfigError
+
+if TYPE_CHECKING:
+    from ._options import DataOptions
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".toml", ".cfg", ".c", ".h")
 DEFAULT_CORPUS_BYTES = 24 * 2**20  # plenty for CPU runs; keeps loading under a second
@@ -103,6 +107,22 @@ class Batches:
         window = starts[:, None] + np.arange(self.seq_len + 1)[None, :]
         chunk = self.tokens[window].astype(np.int32)
         return chunk[:, :-1], chunk[:, 1:]
+
+
+def data_batches(
+    data: DataOptions, seed: int, model_vocab: int, model: str
+) -> tuple[Batches, Batches]:
+    """``(training batches, validation batches)`` of the corpus ``data`` names: its tokens
+    loaded (`load_tokens`), checked against the model's vocabulary (``model_vocab``; ``model``
+    names the model in the message), split (``data.val_fraction`` held out) and cut into
+    batches of ``data``'s shape, seeded ``seed`` and ``seed + 1``. Raises ConfigError."""
+    tokens, vocab = load_tokens(data.data, data.tokenizer, data.token_dtype)
+    check_vocab(vocab, model_vocab, model)
+    train_tokens, val_tokens = split(tokens, data.val_fraction)
+    return (
+        Batches(train_tokens, data.batch_size, data.seq_len, seed),
+        Batches(val_tokens, data.batch_size, data.seq_len, seed + 1),
+    )
 
 
 def split(tokens: np.ndarray, val_fraction: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ from ..strategies import build_step
 from ._checkpoint import Checkpoints
 from ._checksums import CheckpointDamagedError
 from ._config import TrainConfig
-from ._data import Batches, check_vocab, load_tokens, split
+from ._data import Batches, data_batches
 from ._metrics import (
     GIB,
     MetricsLog,
@@ -143,11 +143,9 @@ def _train_locked(cfg: TrainConfig) -> TrainResult:
         )
         return TrainResult(restore_from, restore_from, [])
     _faults.point("train.init")
-    tokens, vocab = load_tokens(cfg.data, cfg.tokenizer, cfg.token_dtype)
-    check_vocab(vocab, cfg.model_config().vocab_size, f"model {cfg.model_label()}")
-    train_tokens, val_tokens = split(tokens, cfg.val_fraction)
-    batches = Batches(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
-    val_batches = Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
+    batches, val_batches = data_batches(
+        cfg.data_options, cfg.seed, cfg.model_config().vocab_size, f"model {cfg.model_label()}"
+    )
 
     step_fn = build_step(cfg)  # the plain, sharded or Fuyou step, with its optimizer
     try:
@@ -241,7 +239,8 @@ def _loop(cfg, ckpts, step_fn: Step, state, start, batches, val_batches):
     end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
     log = MetricsLog(metrics_path(Path(cfg.out_dir)), run=cfg)  # + lr, TensorBoard
     records: list[dict] = []
-    tokens_per_step = cfg.batch_size * cfg.seq_len
+    data = cfg.data_options
+    tokens_per_step = data.batch_size * data.seq_len
     loop_start = time.perf_counter()
     try:
         display = progress_display(cfg.steps, start, cfg.progress, cfg, io_split.snapshot)
@@ -279,7 +278,9 @@ def _loop(cfg, ckpts, step_fn: Step, state, start, batches, val_batches):
                 if step == start + 1:
                     record["compile_s"] = compile_s
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    record["val_loss"] = _evaluate(step_fn.evaluate, state, val_batches, cfg)
+                    record["val_loss"] = _evaluate(
+                        step_fn.evaluate, state, val_batches, cfg.eval_batches
+                    )
                 _faults.point("train.step")
                 # the line goes first: a step that counts as checkpointed always has its line
                 log.write(record)
@@ -315,8 +316,8 @@ def _close_quietly(close) -> None:
         pass
 
 
-def _evaluate(evaluate, state, val_batches, cfg: TrainConfig) -> float:
-    losses = [float(evaluate(state, *val_batches(i))) for i in range(cfg.eval_batches)]
+def _evaluate(evaluate, state, val_batches, eval_batches: int) -> float:
+    losses = [float(evaluate(state, *val_batches(i))) for i in range(eval_batches)]
     return float(np.mean(losses))
 
 

@@ -118,14 +118,13 @@ def check_store_place(cfg: TrainConfig) -> None:
 
 
 def check_data(cfg: TrainConfig) -> None:
-    """The tokens load, fit the model's vocabulary, and make batches of this size."""
-    from ._data import Batches, check_vocab, load_tokens, split
+    """The tokens of ``cfg.data_options`` load, fit the model's vocabulary, and make batches
+    of this size (the training loop's own `data_batches`)."""
+    from ._data import data_batches
 
-    tokens, vocab = load_tokens(cfg.data, cfg.tokenizer, cfg.token_dtype)
-    check_vocab(vocab, cfg.model_config().vocab_size, f"model {cfg.model_label()}")
-    train_tokens, val_tokens = split(tokens, cfg.val_fraction)
-    Batches(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
-    Batches(val_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
+    data_batches(
+        cfg.data_options, cfg.seed, cfg.model_config().vocab_size, f"model {cfg.model_label()}"
+    )
 
 
 def param_bytes(model_cfg) -> tuple[int, int] | None:
