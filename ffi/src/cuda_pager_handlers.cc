@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -14,11 +12,11 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include "crc32c.h"
 #include "cuda_device_ops.h"
+#include "worker_pool.h"
 
 namespace ffi = xla::ffi;
 
@@ -36,17 +34,8 @@ using aio::IoStatus;
 // crc32c is taken on that thread, over the pinned arena slot it filled.
 class HostApiChunkIo final : public ChunkIo {
  public:
-  HostApiChunkIo(const host_api::Api* api, void* table, int threads) : api_(api), table_(table) {
-    for (int i = 0; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { Work(); });
-  }
-  ~HostApiChunkIo() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
+  HostApiChunkIo(const host_api::Api* api, void* table, int threads)
+      : api_(api), table_(table), pool_(threads) {}
 
   void Read(const ChunkRef& ref, void* dst, Done done) override {
     Post([this, ref, dst, done = std::move(done)] {
@@ -82,33 +71,11 @@ class HostApiChunkIo final : public ChunkIo {
   }
 
  private:
-  void Post(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-  void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      auto fn = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
+  void Post(std::function<void()> fn) { pool_.Post(std::move(fn)); }
 
   const host_api::Api* api_;
   void* table_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
+  aio::WorkerPool pool_;  // last: joined before the members its tasks use go
 };
 
 // One open pager: its device interface, disk side and the pager itself, for one file table.

@@ -3,9 +3,7 @@
 // injected read failures, corruptions and write failures.
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -16,6 +14,7 @@
 
 #include "crc32c.h"
 #include "gpu_pager.h"
+#include "worker_pool.h"
 
 namespace jaxoff::aio::testing {
 
@@ -23,17 +22,7 @@ class FakeChunkIo final : public ChunkIo {
  public:
   explicit FakeChunkIo(int threads = 2, std::chrono::microseconds read_delay = {},
                        std::chrono::microseconds write_delay = {})
-      : read_delay_(read_delay), write_delay_(write_delay) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-  }
-  ~FakeChunkIo() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
+      : read_delay_(read_delay), write_delay_(write_delay), pool_(threads) {}
 
   void Read(const ChunkRef& ref, void* dst, Done done) override {
     Post([this, ref, dst, done = std::move(done)] {
@@ -104,35 +93,14 @@ class FakeChunkIo final : public ChunkIo {
       s.erase(offset);
     }
   }
-  void Post(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-  void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      auto fn = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
+  void Post(std::function<void()> fn) { pool_.Post(std::move(fn)); }
 
   const std::chrono::microseconds read_delay_, write_delay_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
   std::map<int, std::vector<char>> files_;
   std::set<uint64_t> fail_reads_, fail_writes_;
   uint64_t writes_done_ = 0;
-  std::vector<std::thread> workers_;
+  WorkerPool pool_;  // last: joined before the members its tasks use go
 };
 
 }  // namespace jaxoff::aio::testing
