@@ -70,7 +70,7 @@ def xla_default_options() -> Iterator[None]:
     """Within it, `compiler_options` is ``{}`` in every thread: the steps that jaxoff
     compiles (``jaxoff.placement.jit_step``, ``jaxoff.step.compile_step``, the planner's
     profile and prices) compile with XLA's default options. For measuring what the options
-    save (``bench/plan_options.py``); training never needs it.
+    save (``bench/plan.py options``); training never needs it.
 
     Example:
         >>> import jax.numpy as jnp

@@ -19,7 +19,7 @@ depends on besides its operands (shapes, ...). A name is never reused for anothe
 
 On other platforms the operands live on the device, and `host_call` is ``io_callback``;
 ``JAXOFF_HOST_CALL=io_callback`` makes it ``io_callback`` on the CPU too (the baseline of
-``bench/resume_compile.py``, and a way out should the FFI call misbehave somewhere).
+``bench/investigations/resume_compile.py``, and a way out should the FFI call misbehave somewhere).
 
 The function gets its operands as numpy arrays (copies), returns one array per result, and
 may raise: the step then fails with a ``jax.errors.JaxRuntimeError`` whose text ends, as

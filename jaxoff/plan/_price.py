@@ -44,7 +44,7 @@ MAX_ROUNDS = 8  # MILP solves in solve_priced (a compile pair only for each new 
 TOLERANCE = 0.005  # of the device budget: a priced plan this close to its limit ends the search
 # of the device budget, kept free for the extrapolation's own error: from 4 and 8 layers to
 # 12-24 it was within 1.3% in float32 and 4.2% in bfloat16 (XLA's CPU backend, whose
-# widening of bfloat16 varies with depth) on the probes of bench/plan_depth.py
+# widening of bfloat16 varies with depth) on the probes of bench/plan.py depth
 # (bench/results/plan_depth/2026-11-24.json)
 MARGIN = 0.05
 
