@@ -102,8 +102,8 @@ def _gpt_closed_form(cfg: GPTConfig, policy: str) -> tuple[int, int, int]:
     # [B, T, D] intermediates, two [B, T] and two [B, T, 1] statistics
     norms = 2 * F32 * (3 * h + 2 + 2)
     # in the compute dtype: attn_norm, q, k, v, context, mlp_norm; mlp_up, the tanh GELU's
-    # four intermediates and mlp_act
-    kept = p * (6 * h + 6 * f)
+    # intermediates and mlp_act
+    kept = p * (6 * h + (2 + _GELU_INTERMEDIATES) * f)
     c1 = B * (norms + kept + _SOFTMAX_STATS * a)
     # per layer, not per token: each norm's scale as float32 [1, 1, D]; in a compute dtype
     # narrower than the float32 parameters, the kernels cast to it (q, k, v, out; up, down)
@@ -137,6 +137,12 @@ def _llama_closed_form(cfg: LlamaConfig, policy: str) -> tuple[int, int, int]:
 
 
 _SOFTMAX_STATS = 2 * F32  # the float32 softmax's max and sum: [B, H, T, 1] each
+
+# The [B, T, F] intermediates the tanh GELU keeps besides its input: two products, and for
+# tanh's JVP its output and ``1 - tanh(x)^2`` (sub). jax 0.12's tanh JVP computes the
+# derivative with the ``one_minus_square`` primitive and keeps that alone, not tanh's output:
+# three (saved_residuals of jax.nn.gelu on either version shows it).
+_GELU_INTERMEDIATES = 3 if hasattr(jax.lax, "one_minus_square") else 4
 
 
 def _quadratic(cfg) -> int:

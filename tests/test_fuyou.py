@@ -255,7 +255,18 @@ def test_blocks_as_bits_is_bitwise_and_updates_the_blocks_in_place(tmp_path):
     _, tx4, _, _, temp4, bytes4 = bits_setup(4, tmp_path / "bits4")
     tx4.close()
     cfg, tx2, s2, step2, temp8, bytes8 = bits_setup(8, tmp_path / "bits8")
-    assert temp8 - temp4 < 0.1 * (bytes8 - bytes4), (temp4, temp8, bytes4, bytes8)
+    # What grows with the depth is activations, not blocks: each layer's input ([B, T, D]
+    # in the compute dtype), stacked by the forward scan, and the backward scan's input,
+    # that stack less the top layer; the compiled buffers of both versions hold no other
+    # temporary with a layer axis. Their sum bounds the growth: jax 0.10.2 places the
+    # same temporaries more tightly (+547,264 B from 4 to 8 layers) than 0.12 (+761,600 B),
+    # so a share of the blocks (10 %: 631,808 B) was a bound on XLA's packing, not on
+    # the step.
+    tokens = batch(0)[0].size
+    layer_input = tokens * cfg.d_model * jnp.dtype(cfg.compute_dtype).itemsize
+    activations = 2 * (8 - 4) * layer_input
+    assert activations < (bytes8 - bytes4) / 2  # a copy of half the blocks exceeds it
+    assert temp8 - temp4 <= activations, (temp4, temp8, bytes4, bytes8)
     tx1, s1, step1 = fuyou_run(cfg, tmp_path / "floats")
     for t in range(4):
         s1, m1 = step1(s1, *batch(t))
