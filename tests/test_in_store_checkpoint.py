@@ -100,11 +100,15 @@ def _paged_files(run) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("strategy", ["plain", "fuyou"])
+@pytest.mark.parametrize("strategy", ["plain", "fuyou", "fuyou-bf16"])
 def test_train_with_in_store_checkpoints_resumes_bitwise(tmp_path, strategy):
     """``jaxoff train --paged-checkpoint store``: each checkpoint's paged part is a manifest;
-    a run stopped at step 3 and resumed is bitwise the uninterrupted run with copies."""
-    base = dict(COMMON, strategy=strategy, fuyou=strategy == "fuyou")
+    a run stopped at step 3 and resumed is bitwise the uninterrupted run with copies
+    (``fuyou-bf16``: the capacity record's form, whose blocks are made from the masters)."""
+    fuyou = strategy.startswith("fuyou")
+    base = dict(COMMON, strategy="fuyou" if fuyou else "plain", fuyou=fuyou)
+    if strategy == "fuyou-bf16":
+        base.update(param_dtype="bfloat16", dtype="bfloat16")
     copies = train(TrainConfig(**base, out_dir=tmp_path / "copies"))
     part = TrainConfig(**base, out_dir=tmp_path / "part", paged_checkpoint="store", stop_at=3)
     first = train(part)

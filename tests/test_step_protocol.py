@@ -101,6 +101,8 @@ def test_the_trainer_has_no_strategy_branch():
 class _Checkpoints:
     """A reader and writer of the protocol's, with no trainer: orbax and a paged folder."""
 
+    paged_in_store = False  # the paged part is a copy of the store's version
+
     def __init__(self, root: Path):
         self.root = root
         self.manager = ocp.CheckpointManager(root / "orbax", options=ocp.CheckpointManagerOptions())

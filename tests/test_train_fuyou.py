@@ -44,8 +44,10 @@ def _config(tmp_path, name, **over):
 def _final_params(cfg) -> dict:
     """``{leaf path: array}`` of the run's parameters after its last step: its last orbax
     checkpoint, and with paged parameters each block leaf stacked from the store's entries
-    (``param.<leaf>@<layer>``, read and verified)."""
+    (``param.<leaf>@<layer>``, read and verified); blocks held as bits are saved as their
+    fp32 masters only (``master.<leaf>@<layer>``), cast to the parameters' dtype here."""
     import jax
+    import jax.numpy as jnp
     import orbax.checkpoint as ocp
 
     from jaxoff.aio import PageStore
@@ -54,8 +56,12 @@ def _final_params(cfg) -> dict:
     saved = ocp.StandardCheckpointer().restore(
         (cfg.out_dir / "checkpoints" / str(cfg.steps) / "default").absolute()
     )
+    paged = json.loads(
+        (cfg.out_dir / "checkpoints_paged" / str(cfg.steps) / "paged.json").read_text()
+    )
+    masters = paged.get("extra", {}).get("blocks") == "masters"
     flat = jax.tree_util.tree_flatten_with_path(saved["params"])[0]
-    if not cfg.page_params:
+    if not cfg.page_params and not masters:
         return {path_name(p): np.asarray(x) for p, x in flat}
     out = {
         k.strip("[']").replace("']['", ".").replace("'].", "."): np.asarray(x)
@@ -63,10 +69,14 @@ def _final_params(cfg) -> dict:
     }
     store = PageStore.open(cfg.store_dir())
     layers: dict[str, dict[int, np.ndarray]] = {}
+    prefix = "master." if masters else "param."
     for name, e in store.entries.items():
-        if name.startswith("param."):
-            leaf, j = name.removeprefix("param.").rsplit("@", 1)
-            layers.setdefault(leaf + ".value", {})[int(j)] = store.read(name).reshape(e.shape)
+        if name.startswith(prefix) and "@" in name:  # a layer of a block leaf
+            leaf, j = name.removeprefix(prefix).rsplit("@", 1)
+            x = store.read(name).reshape(e.shape)
+            if masters:  # the step's own cast of its new master
+                x = np.asarray(jnp.asarray(x).astype(cfg.param_dtype))
+            layers.setdefault(leaf + ".value", {})[int(j)] = x
     store.close()
     for leaf, per in layers.items():
         out[leaf] = np.stack([per[j] for j in range(len(per))])
@@ -204,7 +214,9 @@ def _spy_bits(monkeypatch) -> list[tuple[bool, set]]:
 def test_fuyou_trainer_runs_bf16_blocks_as_bits_bitwise(tmp_path, monkeypatch):
     """16-bit parameters in RAM: the trainer's Fuyou step holds the blocks as their bits and
     updates them in place (``blocks_as_bits``, the capacity record's form), bitwise the step
-    given floats; checkpoints hold floats, and a resumed run is bitwise an uninterrupted one."""
+    given floats. Its checkpoints hold no blocks: they are the casts of the fp32 masters the
+    paged part holds, and a resumed run, made from those, is bitwise an uninterrupted one; a
+    checkpoint of the float step (blocks in orbax) resumes into the bits step bitwise too."""
     from jaxoff.models.gpt import CONFIGS
     from jaxoff.strategies import _fuyou_train
 
@@ -236,6 +248,21 @@ def test_fuyou_trainer_runs_bf16_blocks_as_bits_bitwise(tmp_path, monkeypatch):
     for name in ("bits", "part"):
         got = _final_params(_config(tmp_path, name, **bf16))
         assert sorted(ref) == sorted(got)
-        for k in ref:  # the checkpoint holds the blocks as floats, as without bits
+        for k in ref:  # the masters' casts are bitwise the float run's blocks
             assert ref[k].dtype == got[k].dtype and ref[k].tobytes() == got[k].tobytes(), k
     assert {str(x.dtype) for k, x in ref.items() if k.startswith("blocks")} == {"bfloat16"}
+    for name, blocks in (("bits", False), ("part", False), ("floats", True)):
+        paged = tmp_path / name / "checkpoints_paged" / "6" / "paged.json"
+        extra = json.loads(paged.read_text()).get("extra", {})
+        assert extra == ({} if blocks else {"blocks": "masters"}), name
+        meta = (tmp_path / name / "checkpoints" / "6" / "default" / "_METADATA").read_text()
+        assert ("blocks" in meta) == blocks, name  # the orbax part: blocks only as floats
+
+    # a float step's checkpoint (blocks in orbax) resumed by the bits step
+    old = _config(tmp_path, "old", **bf16, stop_at=3)
+    assert train(old).losses == bits.losses[:3]
+    monkeypatch.undo()
+    seen = _spy_bits(monkeypatch)
+    later = train(dataclasses.replace(old, stop_at=0, resume=True))
+    assert seen == [(True, {"uint16"})]
+    assert later.losses == bits.losses[3:]

@@ -69,7 +69,13 @@ def save_paged(
     return copy_out(store, directory, in_store=in_store)
 
 
-def copy_out(store: PageStore, directory: str | os.PathLike, *, in_store: bool = False) -> int:
+def copy_out(
+    store: PageStore,
+    directory: str | os.PathLike,
+    *,
+    in_store: bool = False,
+    extra: dict | None = None,
+) -> int:
     """Streams the committed version of ``store`` into ``directory`` (atomic); returns bytes.
 
     Everything is written into ``directory.tmp`` (its ``paged.json`` last) and renamed into
@@ -83,6 +89,9 @@ def copy_out(store: PageStore, directory: str | os.PathLike, *, in_store: bool =
     `copy_in` restores such a checkpoint only into that store, and only while it still holds
     that version: the store's next commit (with two slots, the one after) overwrites it, and
     the checkpoint then reads as gone (`PageStoreCorruptError`: restore an older one).
+
+    ``extra``: JSON values recorded in the manifest for the writer's own use (`manifest_extra`
+    reads them back).
     """
     store.wait_committed()
     directory = os.path.abspath(os.fspath(directory))
@@ -90,7 +99,8 @@ def copy_out(store: PageStore, directory: str | os.PathLike, *, in_store: bool =
     needed = 0 if in_store else sum(e.nbytes for e in store.entries.values())
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        total = _write_in_store(store, tmp) if in_store else _write_tmp(store, tmp)
+        write = _write_in_store if in_store else _write_tmp
+        total = write(store, tmp, dict(extra or {}))
         if os.path.exists(directory):
             shutil.rmtree(directory)
         os.rename(tmp, directory)
@@ -108,7 +118,7 @@ def copy_out(store: PageStore, directory: str | os.PathLike, *, in_store: bool =
     return total
 
 
-def _write_tmp(store: PageStore, tmp: str) -> int:
+def _write_tmp(store: PageStore, tmp: str, extra: dict) -> int:
     version = store.version
     os.makedirs(tmp)
     entries, total = {}, 0
@@ -132,12 +142,13 @@ def _write_tmp(store: PageStore, tmp: str) -> int:
         "store_version": version,
         "chunk_bytes": store.chunk_bytes,
         "entries": entries,
+        **({"extra": extra} if extra else {}),
     }
     _write_manifest(tmp, meta)
     return total
 
 
-def _write_in_store(store: PageStore, tmp: str) -> int:
+def _write_in_store(store: PageStore, tmp: str, extra: dict) -> int:
     """An in-store checkpoint's manifest: the store's committed version by its checksums."""
     os.makedirs(tmp)
     entries = {
@@ -150,9 +161,20 @@ def _write_in_store(store: PageStore, tmp: str) -> int:
         "chunk_bytes": store.chunk_bytes,
         "in_store": os.path.realpath(store.root),
         "entries": entries,
+        **({"extra": extra} if extra else {}),
     }
     _write_manifest(tmp, meta)
     return 0
+
+
+def manifest_extra(directory: str | os.PathLike) -> dict:
+    """What `copy_out`'s ``extra`` recorded in the checkpoint ``directory`` (``{}``: nothing,
+    or no readable manifest there, which `copy_in` then reports)."""
+    try:
+        with open(os.path.join(os.fspath(directory), MANIFEST)) as f:
+            return dict(json.load(f).get("extra", {}))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
 
 
 def _write_manifest(tmp: str, meta: dict) -> None:

@@ -4,7 +4,8 @@
 The optimizer state lives in the page store (and with ``page_params`` the stacked block
 parameters too); a checkpoint's paged part is the store's committed version (``fuyou_save``,
 from which ``fuyou_restore`` rebuilds the whole ``FuyouState``), and its orbax part holds the
-step and the parameters the state keeps (without the empty placeholders of paged blocks).
+step and the parameters the state keeps: without the empty placeholders of paged blocks, and
+without blocks held as bits, which the store's fp32 masters make again (``fuyou_master_bits``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from jax import lax
 from .._xla import is_half_float
 from ..optim.chunks import as_bits
 from ..step import TrainState
+from .fuyou._bits import put_bits
+
+MASTERS = "masters"
+"""A checkpoint's paged part records ``{"blocks": MASTERS}`` when its orbax part holds no
+block parameters: they are the 16-bit casts of the fp32 masters in the paged part."""
 
 
 class FuyouStep:
@@ -87,37 +93,45 @@ class FuyouStep:
         return TrainState(jnp.zeros((), jnp.int32), params, opt)
 
     def restore(self, reader, step: int, fall_back):
-        """Checkpoint ``step``: its parameters from orbax, its store part into the store."""
+        """Checkpoint ``step``: its store part into the store, then its parameters from
+        orbax, and blocks saved as their masters (`save`) made again from the store."""
         from flax import nnx
 
         from ..aio import PageStoreCorruptError
+        from ..optim._checkpoint import manifest_extra
         from ..placement import abstract_with, state_shardings
-        from .fuyou import blocks_to_bits, fuyou_resident, fuyou_restore
+        from .fuyou import blocks_to_bits, fuyou_master_bits, fuyou_resident, fuyou_restore
 
         model = nnx.eval_shape(lambda: self.model_cfg.build(nnx.Rngs(0)))
         self.graphdef, params = nnx.split(model, nnx.Param)
-        if self.page_params:
-            params = jax.eval_shape(fuyou_resident, params)
-        abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, None)  # pyright: ignore[reportArgumentType] (an abstract state)
-        abstract = abstract_with(abstract, state_shardings(self.placement, abstract))
         while True:
-            state = self._restore_tree(reader, step, abstract)
-            if self.blocks_as_bits:  # saved as floats: their bits, in place
-                state = state._replace(params=blocks_to_bits(state.params))
+            paged = reader.paged_dir(step)
             try:
                 opt = fuyou_restore(
                     self.model_cfg,
                     self.tx,
-                    reader.paged_dir(step),
+                    paged,
                     page_params=self.page_params,
                     read_ahead_bytes=self.read_ahead_bytes,
                 )
-                return step, state._replace(opt_state=opt)
             except PageStoreCorruptError as e:
                 step = fall_back(step, e, [0])
+                continue
+            from_masters = manifest_extra(paged).get("blocks") == MASTERS
+            held = params
+            if self.page_params or from_masters:  # no blocks in the orbax part
+                held = jax.eval_shape(fuyou_resident, params)
+            abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), held, None)  # pyright: ignore[reportArgumentType] (an abstract state)
+            abstract = abstract_with(abstract, state_shardings(self.placement, abstract))
+            state = self._restore_tree(reader, step, abstract)
+            if from_masters:  # the blocks: their masters' casts, as bits
+                state = state._replace(params=fuyou_master_bits(self.tx, state.params))
+            elif self.blocks_as_bits:  # saved as floats: their bits, in place
+                state = state._replace(params=blocks_to_bits(state.params))
+            return step, state._replace(opt_state=opt)
 
     def _restore_tree(self, reader, step: int, abstract: TrainState) -> TrainState:
-        if not self.page_params:
+        if not any(np.prod(x.shape) == 0 for x in jax.tree.leaves(abstract.params)):
             return reader.restore(step, abstract)
         # paged block parameters: their empty placeholders are not in the checkpoint
         params = abstract.params
@@ -126,16 +140,23 @@ class FuyouStep:
 
     def save(self, writer, step: int, state: TrainState) -> None:
         """The store's committed version (the paged part), then the step and the resident
-        parameters (orbax)."""
-        from .fuyou import fuyou_save
+        parameters (orbax). Blocks held as bits are the 16-bit casts of the fp32 masters the
+        paged part holds: they are not saved again (`restore` makes them from the store),
+        so a checkpoint costs neither their RAM (orbax copies what it writes) nor their
+        disk."""
+        from .fuyou import fuyou_resident, fuyou_save
 
         fuyou_save(
-            self.tx, state.opt_state, writer.paged_part(step), in_store=writer.paged_in_store
+            self.tx,
+            state.opt_state,
+            writer.paged_part(step),
+            in_store=writer.paged_in_store,
+            extra={"blocks": MASTERS} if self.blocks_as_bits else None,
         )
         state = state._replace(opt_state=None)  # the store's: in the paged part
-        if self.blocks_as_bits:  # saved as floats (a view of the bits: no copy)
-            state = state._replace(params=_float_view(state.params, self.param_dtype))
-        if self.page_params:
+        if self.blocks_as_bits:
+            state = state._replace(params=fuyou_resident(state.params))
+        if self.page_params or self.blocks_as_bits:
             state = state._replace(params=_nonempty(state.params))
         writer.save_tree(step, state)
 
@@ -245,13 +266,6 @@ def _map_blocks(params, fn):
     )
 
 
-def _bits_layer_into(stack, x, j):
-    return lax.dynamic_update_index_in_dim(stack, as_bits(x), j, 0)
-
-
-_put_bits = jax.jit(_bits_layer_into, donate_argnums=0)
-
-
 class _IntoBits:
     """A stacked block leaf made one layer at a time (``jaxoff.nn.layerwise_params``) whose
     layers, as ``fuyou_init`` reads them, are also written into a stack of their bits, in
@@ -266,7 +280,7 @@ class _IntoBits:
 
     def __getitem__(self, j: int) -> jax.Array:
         x = self._leaf[j]
-        self._stack = _put_bits(self._stack, x, j)
+        self._stack = put_bits(self._stack, x, j)
         self._written.add(j)
         return x
 
@@ -300,16 +314,3 @@ def _bits_loss(graphdef, dtype):
         return cross_entropy(model.logits(h), targets)
 
     return loss
-
-
-def _float_view(params, dtype: np.dtype):
-    """``params`` with each block leaf held as bits viewed as ``dtype`` floats: numpy views
-    of the same buffers (on CPU), no copy. Only for writing them out before the next step
-    (the step donates and updates those buffers)."""
-
-    def view(x):
-        if not jnp.issubdtype(x.dtype, jnp.unsignedinteger):
-            return x
-        return np.asarray(x).view(dtype)
-
-    return _map_blocks(params, view)

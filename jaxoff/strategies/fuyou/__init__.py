@@ -65,6 +65,7 @@ Example:
 from ._bits import blocks_from_bits as blocks_from_bits
 from ._bits import blocks_to_bits as blocks_to_bits
 from ._checkpoint import fuyou_init as fuyou_init
+from ._checkpoint import fuyou_master_bits as fuyou_master_bits
 from ._checkpoint import fuyou_params as fuyou_params
 from ._checkpoint import fuyou_resident as fuyou_resident
 from ._checkpoint import fuyou_restore as fuyou_restore
@@ -88,6 +89,7 @@ __all__ = [
     "fuyou_params",
     "fuyou_resident",
     "fuyou_restore",
+    "fuyou_master_bits",
     "fuyou_save",
     "fuyou_table",
     "make_fuyou_loss",

@@ -39,6 +39,15 @@ def _put_layer(stacked: list[jax.Array], layer: list[jax.Array], j) -> list[jax.
     ]
 
 
+def _bits_layer_into(stack: jax.Array, x: jax.Array, j) -> jax.Array:
+    return lax.dynamic_update_index_in_dim(stack, as_bits(x), j, 0)
+
+
+put_bits = jax.jit(_bits_layer_into, donate_argnums=0)
+"""``put_bits(stack, layer, j)``: ``stack`` (donated: updated in place) with layer ``j``
+set to the bits of the floats ``layer``."""
+
+
 def _bits(x: jax.Array) -> jax.Array:
     """A float array's bits as unsigned integers of its width; other arrays as they are."""
     return as_bits(x) if jnp.issubdtype(x.dtype, jnp.floating) else x

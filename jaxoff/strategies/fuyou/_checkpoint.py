@@ -16,6 +16,7 @@ from jaxoff.aio import (
 )
 from jaxoff.optim.chunks import (
     RAM_ENTRY,
+    as_bits,
     copy_in,
     copy_out,
     ram_bytes_np,
@@ -24,6 +25,7 @@ from jaxoff.optim.chunks import (
 )
 
 from . import _params as fp
+from ._bits import put_bits
 from ._layout import (
     FuyouState,
     _abstract_params,
@@ -133,14 +135,17 @@ def _state(lay: _Layout, version: int, crcs: dict, ram) -> FuyouState:
     )
 
 
-def fuyou_save(tx, opt_state: FuyouState, directory, *, in_store: bool = False) -> int:
+def fuyou_save(
+    tx, opt_state: FuyouState, directory, *, in_store: bool = False, extra: dict | None = None
+) -> int:
     """Copies the store version ``opt_state`` describes (optimizer state and, with
     ``page_params``, the block parameters) into the checkpoint directory ``directory``;
     returns its bytes.
 
     The copy is atomic and every chunk is verified on the way (``jaxoff.optim``'s
     ``copy_out``, the format `fuyou_restore` and ``restore_paged`` read). ``in_store``:
-    record that version of the store instead of copying it (``copy_out``'s ``in_store``).
+    record that version of the store instead of copying it (``copy_out``'s ``in_store``);
+    ``extra``: recorded in its manifest (``copy_out``'s).
 
     Raises:
       PageStoreError: ``opt_state`` is not the store's committed version (a stale state).
@@ -151,7 +156,7 @@ def fuyou_save(tx, opt_state: FuyouState, directory, *, in_store: bool = False) 
     reason = lay.commits.stale(opt_state.version, [*opt_state.crcs, *opt_state.params])
     if reason is not None:
         raise PageStoreError(f"fuyou_save: {reason}; save the state the last step returned")
-    return copy_out(lay.store, directory, in_store=in_store)
+    return copy_out(lay.store, directory, in_store=in_store, extra=extra)
 
 
 def fuyou_restore(
@@ -206,4 +211,40 @@ def fuyou_params(tx, params):
         leaves[e.leaf] = np.stack(
             [lay.store.read(f"{e.name}@{j}").reshape(e.shape) for j in range(lay.num_layers)]
         )
+    return jax.tree.unflatten(lay.plan.params_def, leaves)
+
+
+def fuyou_master_bits(tx, params):
+    """``params`` with each stacked block leaf made again from the store's committed fp32
+    masters, as the bits of ``master.astype(dtype)`` (``dtype``: the block leaf's): the cast
+    each step makes of its new master, so bitwise the parameters that step left, in the form
+    ``make_fuyou_step(..., blocks_as_bits=True)`` holds them. Read and verified one layer at a
+    time, each written into a stack of bits made once: the blocks are never whole as floats.
+    The block leaves of ``params`` may be placeholders.
+
+    Raises:
+      ConfigError: no open fuyou store for ``tx``, or a block leaf without a master copy (its
+        parameters are their own masters: float32).
+    """
+    lay = _layouts.get(_updater(tx))
+    if lay is None or lay.store.closed:
+        raise ConfigError(
+            "fuyou_master_bits reads an open fuyou store: run fuyou_init or fuyou_restore "
+            "with this optimizer first"
+        )
+    leaves = lay.plan.params_def.flatten_up_to(params)
+    for leaf in lay.plan.leaves:
+        if not lay.blocks[leaf.index]:
+            continue
+        if not leaf.master:
+            raise ConfigError(
+                f"block leaf {leaf.name} has no fp32 master in the store (its parameters are "
+                "their own masters); it cannot be made from the store"
+            )
+        master = lay.plan.entries[leaf.entries[0]]
+        stack = jnp.zeros(leaf.shape, as_bits(jnp.zeros((), leaf.dtype)).dtype)
+        for j in range(leaf.shape[0]):
+            x = jnp.asarray(lay.store.read(f"{master.name}@{j}").reshape(leaf.shape[1:]))
+            stack = put_bits(stack, x.astype(leaf.dtype), j)
+        leaves[leaf.index] = stack
     return jax.tree.unflatten(lay.plan.params_def, leaves)
