@@ -135,12 +135,14 @@ def store_bytes_per_param(mode: str) -> int:
 def checkpoint_bytes(n_params: int, mode: str, paged_checkpoint: str = "copy") -> int:
     """Disk a ``jaxoff train`` checkpoint of ``mode`` needs: the store's committed version
     (one slot; none with ``--paged-checkpoint store``, whose checkpoint names the store's
-    version instead) and the parameters orbax holds (bf16 in RAM; none paged with
-    fuyou-nvme; fp32 parameters and moments with plain)."""
+    version instead) and the parameters orbax holds: bf16 with ``paged``; none of the blocks
+    with the fuyou modes (with ``fuyou`` they are the casts of the store's fp32 masters,
+    with ``fuyou-nvme`` in the store; the embeddings and head left are not counted); fp32
+    parameters and moments with ``plain``."""
     if mode == "plain":
         return 12 * n_params
     copy = 0 if paged_checkpoint == "store" else store_bytes_per_param(mode) * n_params
-    return copy + (0 if mode == "fuyou-nvme" else 2 * n_params)
+    return copy + (2 * n_params if mode == "paged" else 0)
 
 
 def store_bytes(n_params: int, mode: str, slots: int = 2) -> int:
