@@ -5,6 +5,8 @@ float32 blocks the float step, bitwise as `prepare` built it before."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,30 +16,12 @@ import optax
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.strategies import Context, build_recipe, prepare
 
+sys.path.insert(0, os.path.dirname(__file__))
+from test_train_fuyou import _spy_bits  # noqa: E402  (the trainer's test: the same spy)
+
 B, T, STEPS = 2, 16, 2
 TOKENS = jax.random.randint(jax.random.key(3), (STEPS, B, T + 1), 0, 256, dtype=jnp.int32)
 BF16_TINY = dataclasses.replace(CONFIGS["tiny"], param_dtype="bfloat16", dtype="bfloat16")
-
-
-def _spy_bits(monkeypatch) -> list[tuple[bool, frozenset]]:
-    """Per trace of a Fuyou step built from now on: its ``blocks_as_bits`` and the dtypes
-    of the stacked block leaves of the state it is traced with."""
-    from jaxoff.strategies import fuyou
-
-    seen, real = [], fuyou.make_fuyou_step
-
-    def spy(*args, **kw):
-        step = real(*args, **kw)
-
-        def traced(state, inputs, targets):
-            dtypes = frozenset(str(x.dtype) for x in jax.tree.leaves(state.params["blocks"]))
-            seen.append((kw.get("blocks_as_bits", False), dtypes))
-            return step(state, inputs, targets)
-
-        return traced
-
-    monkeypatch.setattr(fuyou, "make_fuyou_step", spy)
-    return seen
 
 
 def _measure(model_cfg, store_root) -> dict:

@@ -120,9 +120,15 @@ def test_every_rendered_figure_names_committed_results():
         assert f.results, f.what
         for rel in f.results:
             assert (ROOT / "bench/results" / rel).is_file(), rel
-    # a ratio is computed from the two results, not copied: 6.650B / 1.413B
-    fuyou = next(f for f in figures if f.headline and "4.71×" in f.headline)
-    assert "capacity/plain_10steps.json" in fuyou.results
+    # the capacity headline's ratio is computed from its two results, not copied
+    fuyou = next(f for f in figures if f.headline and "`jaxoff train` trains" in f.headline)
+    assert fuyou.results == ("capacity/fuyou_train_record.json", "capacity/plain_10steps.json")
+    largest = [
+        max((r["params"] for r in json.loads((ROOT / "bench/results" / rel).read_text())["records"]
+             if r.get("fits")), default=0)
+        for rel in fuyou.results
+    ]  # fmt: skip
+    assert f"**{largest[0] / largest[1]:.2f}×**" in fuyou.headline
 
 
 def test_every_result_says_where_it_came_from():

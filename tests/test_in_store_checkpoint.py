@@ -20,6 +20,7 @@ from jaxoff.train import TrainConfig, train
 sys.path.insert(0, os.path.dirname(__file__))
 from test_paged import OPTIMIZERS, assert_trees_equal, mlp_params  # noqa: E402
 from test_paged_processes import _steps  # noqa: E402
+from test_train_fuyou import COMMON as FUYOU_COMMON  # noqa: E402
 
 
 def _tx(root, slots):
@@ -74,22 +75,7 @@ def test_a_copied_checkpoint_is_unchanged_by_the_option(tmp_path):
     tx.close()
 
 
-COMMON = dict(
-    model="tiny",
-    policy="nothing_saveable",
-    batch_size=2,
-    seq_len=32,
-    steps=6,
-    lr=3e-3,
-    warmup_steps=2,
-    clip_norm=0.0,
-    eval_every=3,
-    eval_batches=2,
-    ckpt_every=3,
-    chunk_mib=1,
-    progress=False,
-    store_slots=1,
-)
+COMMON = dict(FUYOU_COMMON, store_slots=1)  # the Fuyou trainer tests' run, in place
 
 
 def _paged_files(run) -> list[str]:

@@ -188,7 +188,7 @@ def test_fuyou_read_ahead_may_change_on_resume(tmp_path, monkeypatch):
     assert resumed.first_step == 2 and resumed.losses == full.losses[2:]
 
 
-def _spy_bits(monkeypatch) -> list[tuple[bool, set]]:
+def _spy_bits(monkeypatch) -> list[tuple[bool, frozenset]]:
     """Per Fuyou step the trainer builds from now on: its ``blocks_as_bits`` and the dtypes
     of the stacked block leaves of the state it is traced with."""
     import jax
@@ -201,7 +201,7 @@ def _spy_bits(monkeypatch) -> list[tuple[bool, set]]:
         step = real(*args, **kw)
 
         def traced(state, inputs, targets):
-            dtypes = {str(x.dtype) for x in jax.tree.leaves(state.params["blocks"])}
+            dtypes = frozenset(str(x.dtype) for x in jax.tree.leaves(state.params["blocks"]))
             seen.append((kw.get("blocks_as_bits", False), dtypes))
             return step(state, inputs, targets)
 
