@@ -99,8 +99,21 @@ def copy_out(
     needed = 0 if in_store else sum(e.nbytes for e in store.entries.values())
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        write = _write_in_store if in_store else _write_tmp
-        total = write(store, tmp, dict(extra or {}))
+        version = store.version
+        os.makedirs(tmp)
+        if in_store:  # the pages stay in the store: their checksums name the version
+            entries, total = {n: _entry(e, store.crcs(n)) for n, e in store.entries.items()}, 0
+        else:
+            entries, total = _copy_pages(store, tmp)
+        meta = {
+            "format": FORMAT,
+            "store_version": version,
+            "chunk_bytes": store.chunk_bytes,
+            "entries": entries,
+            **({"in_store": os.path.realpath(store.root)} if in_store else {}),
+            **({"extra": dict(extra)} if extra else {}),
+        }
+        _write_manifest(tmp, meta)
         if os.path.exists(directory):
             shutil.rmtree(directory)
         os.rename(tmp, directory)
@@ -118,9 +131,14 @@ def copy_out(
     return total
 
 
-def _write_tmp(store: PageStore, tmp: str, extra: dict) -> int:
-    version = store.version
-    os.makedirs(tmp)
+def _entry(e, crcs: list, **more) -> dict:
+    """A manifest's record of store entry ``e``: its shape, dtype and chunk checksums."""
+    return {"shape": list(e.shape), "dtype": str(e.dtype), **more, "crcs": crcs}
+
+
+def _copy_pages(store: PageStore, tmp: str) -> tuple[dict, int]:
+    """Every entry of the store's committed version into a page file of ``tmp``, verified
+    on the way: ``({entry: its manifest record}, bytes written)``."""
     entries, total = {}, 0
     for name, e in store.entries.items():
         fname = f"{e.stem}.page"
@@ -136,35 +154,8 @@ def _write_tmp(store: PageStore, tmp: str, extra: dict) -> int:
                 _faults.point("checkpoint.paged")
             f.flush()
             os.fsync(f.fileno())
-        entries[name] = {"shape": list(e.shape), "dtype": str(e.dtype), "file": fname, "crcs": crcs}
-    meta = {
-        "format": FORMAT,
-        "store_version": version,
-        "chunk_bytes": store.chunk_bytes,
-        "entries": entries,
-        **({"extra": extra} if extra else {}),
-    }
-    _write_manifest(tmp, meta)
-    return total
-
-
-def _write_in_store(store: PageStore, tmp: str, extra: dict) -> int:
-    """An in-store checkpoint's manifest: the store's committed version by its checksums."""
-    os.makedirs(tmp)
-    entries = {
-        name: {"shape": list(e.shape), "dtype": str(e.dtype), "crcs": store.crcs(name)}
-        for name, e in store.entries.items()
-    }
-    meta = {
-        "format": FORMAT,
-        "store_version": store.version,
-        "chunk_bytes": store.chunk_bytes,
-        "in_store": os.path.realpath(store.root),
-        "entries": entries,
-        **({"extra": extra} if extra else {}),
-    }
-    _write_manifest(tmp, meta)
-    return 0
+        entries[name] = _entry(e, crcs, file=fname)
+    return entries, total
 
 
 def manifest_extra(directory: str | os.PathLike) -> dict:

@@ -274,7 +274,7 @@ class PlainStep(_OptaxStep):
 
             save_paged(
                 self.tx, state.opt_state, writer.paged_part(step), in_store=writer.paged_in_store
-            )  # pyright: ignore[reportArgumentType] (paged: checked above)
+            )
         writer.save_tree(step, state)
 
     def compile(self, state: TrainState, inputs, targets) -> TrainState:
