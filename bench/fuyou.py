@@ -6,24 +6,16 @@ medians over all steps):
 
 * **compute-only**: the same step with the optimizer state in RAM (no paging);
 * **sequential paged**: ``jaxoff.paged``, the whole update after backward;
-* **sequential_sync_commit**: the same, with each step's store commit (fsync of the slot,
-  manifest) inside the step, as before commits ran behind the next step (``--sync-commit``;
-  prints sequential / sequential_sync_commit);
 * **fuyou**: layer j + 1's paged update inside the backward scan step of layer j;
-* **fuyou_fsync_each**: fuyou with each commit fsyncing every page file of the slot instead
-  of one ``syncfs`` of the filesystem (``--fsync-each``; prints fuyou / fuyou_fsync_each);
-* **fuyou_first_chunk**: fuyou reading only the first chunk of each tensor a layer ahead of
-  its update, the rest in the update's own pipeline (``--first-chunk-only``; the read-ahead
-  before ``read_ahead_bytes``; prints fuyou / fuyou_first_chunk);
 * **fuyou_nvme**: fuyou with the block parameters in the page store too
-  (``page_params=True``: read a layer ahead in forward and backward, written by the update);
+  (``page_params=True``: taken in forward and backward, put by the update);
 * **pure I/O**: fuyou's store read from its committed slot and written to the other one,
   chunk by chunk through the paged optimizer's engine configuration, no compute
   (``bench/paged_step.py``'s replay).
 
 Each variant's CPU time a step is measured too (``time.process_time``: every thread of the
-process, XLA's and the engine's). Overlap hides I/O behind compute only where a core is free
-to do the I/O's CPU work (kernel copies, staging, checksums): the **CPU bound**
+process, XLA's, the pager's and the engine's). Overlap hides I/O behind compute only where a
+core is free to do the I/O's CPU work (kernel copies, checksums): the **CPU bound**
 ``max(compute-only, pure I/O, (compute-only CPU + pure I/O CPU) / cores)`` is the shortest a
 step can take on this machine's cores if every CPU second of both is kept; fuyou / CPU bound is
 printed beside fuyou / max(compute-only, pure I/O).
@@ -34,10 +26,11 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 * seen from outside, ``1 - (fuyou - compute-only) / pure I/O`` (clamped to [0, 1]): every
   cost of paging beyond compute-only (staging copies, checksums, the chunked update, the
   commit) is counted as unhidden I/O;
-* seen by the engine, per paged variant, ``1 - waits / busy`` from its file table: ``busy``
-  the wall time the engine had reads or writes in flight, ``waits`` the time the step was
-  blocked on them (takes, prefetches, write-behind writes waiting for staging, the commit's
-  flush), the same split ``jaxoff train`` prints as ``io_hidden``.
+* seen by the pager, per paged variant, ``1 - waits / busy`` from its table's counters
+  (`jaxoff.aio.io_stats`): ``busy`` the wall time the engine had reads or writes in flight,
+  ``waits`` the time the step's paging calls were blocked on them (takes waiting for their
+  reads, puts for a write slot, a begin for the last commit), the same split ``jaxoff train``
+  prints as ``io_hidden``.
 
 ``--optimizer`` picks the AdamW of every variant: ``adamw`` (optax's) or ``fused``
 (`jaxoff.optim.fused_adamw`, one C++ pass per chunk).
@@ -47,7 +40,6 @@ fuyou / max(compute-only, pure I/O) and two fractions of the I/O hidden:
 
 import argparse
 import atexit
-import functools
 import json
 import os
 import shutil
@@ -63,7 +55,7 @@ import optax
 from flax import nnx
 from paged_step import replay_io
 
-from jaxoff.aio import WAIT_COUNTERS, PageStore, file_table_stats
+from jaxoff.aio import WAIT_COUNTERS, io_stats
 from jaxoff.models.gpt import CONFIGS
 from jaxoff.nn import with_stack
 from jaxoff.optim import fused_adamw, paged
@@ -72,11 +64,6 @@ from jaxoff.strategies.fuyou import fuyou_init, fuyou_resident, fuyou_table, mak
 
 VARIANTS = ("compute_only", "sequential", "fuyou", "fuyou_nvme")
 OPTIMIZERS = {"adamw": lambda: optax.adamw(1e-4), "fused": lambda: fused_adamw(1e-4)}
-
-
-def _sync_commit(store, crcs=None, background=False):
-    del background
-    return PageStore.commit(store, crcs)
 
 
 def main():
@@ -89,19 +76,6 @@ def main():
     ap.add_argument("--chunk-mib", type=int, default=4)
     ap.add_argument("--io-reps", type=int, default=3)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--sync-commit", action="store_true", help="add sequential_sync_commit")
-    ap.add_argument(
-        "--fsync-each",
-        action="store_true",
-        help="add fuyou_fsync_each: fuyou with its commits fsyncing each page file instead "
-        "of one syncfs",
-    )
-    ap.add_argument(
-        "--first-chunk-only",
-        action="store_true",
-        help="add fuyou_first_chunk: fuyou reading only each tensor's first chunk a layer "
-        "ahead (fuyou_init(..., read_ahead_bytes=0))",
-    )
     ap.add_argument(
         "--optimizer",
         choices=sorted(OPTIMIZERS),
@@ -109,9 +83,7 @@ def main():
         help="the AdamW of every variant: optax's or jaxoff's fused kernel (fused_adamw)",
     )
     a = ap.parse_args()
-    variants = VARIANTS + (("sequential_sync_commit",) if a.sync_commit else ())
-    variants += ("fuyou_fsync_each",) if a.fsync_each else ()
-    variants += ("fuyou_first_chunk",) if a.first_chunk_only else ()
+    variants = VARIANTS
     cfg = with_stack(CONFIGS[a.model], policy="nothing_saveable")
     x = jax.random.randint(jax.random.key(0), (a.batch, a.seq + 1), 0, 256)
     inputs, targets = x[:, :-1], x[:, 1:]
@@ -128,23 +100,15 @@ def main():
             inner = OPTIMIZERS[a.optimizer]()
             tx = paged(inner, f"{root}/{name}", chunk_bytes=a.chunk_mib << 20)
             txs.append(tx)
-            if name in ("fuyou", "fuyou_fsync_each", "fuyou_first_chunk"):
-                # the staging and the chunks read ahead are laid out by fuyou_init
-                read_ahead = 0 if name == "fuyou_first_chunk" else None
-                opt = fuyou_init(cfg, tx, params, read_ahead_bytes=read_ahead)
+            if name == "fuyou":
+                opt = fuyou_init(cfg, tx, params)
                 fn = make_fuyou_step(graphdef, cfg, tx)
-                if name == "fuyou_fsync_each":
-                    files = tx.pager.store._files
-                    files.fsync_slot = files.fsync_each  # the path without syncfs
             elif name == "fuyou_nvme":
                 opt = fuyou_init(cfg, tx, params, page_params=True)
                 fn = make_fuyou_step(graphdef, cfg, tx, page_params=True)
                 params = fuyou_resident(params)
             else:
                 opt, fn = tx.init(params), make_train_step(graphdef, tx)
-                if name == "sequential_sync_commit":
-                    store = tx.pager.store  # the commit made durable before the step ends
-                    store.commit = functools.partial(_sync_commit, store)
             table = tx.pager.table if name.startswith("sequential") else fuyou_table(tx)
         step = jax.jit(fn, donate_argnums=0)
         state = TrainState(jnp.zeros((), jnp.int32), params, opt)
@@ -158,7 +122,7 @@ def main():
     for r in range(a.rounds):
         for name in variants:
             run = runs[name]
-            before = file_table_stats(run["table"]) if run["table"] else None
+            before = io_stats(run["table"]) if run["table"] else None
             for _ in range(a.steps):
                 t0, c0 = time.perf_counter(), time.process_time()
                 run["state"], m = run["step"](run["state"], inputs, targets)
@@ -167,7 +131,7 @@ def main():
                 run["cpu"].append(time.process_time() - c0)
                 run["losses"].append(float(m["loss"]))
             if before is not None:
-                after = file_table_stats(run["table"])
+                after = io_stats(run["table"])
                 run["busy_s"] += (after["io_busy_ns"] - before["io_busy_ns"]) / 1e9
                 run["wait_s"] += sum(after[k] - before[k] for k in WAIT_COUNTERS) / 1e9
         print(
@@ -228,15 +192,6 @@ def main():
     )
     print(f"{'CPU bound':>13}: {cpu_bound * 1e3:.1f} ms ({cores} cores)")
     print(f"fuyou / sequential            = {f / s:.3f}")
-    if a.fsync_each:
-        summary["fuyou_over_fsync_each"] = f / med["fuyou_fsync_each"]
-        print(f"fuyou / fuyou fsync each file = {summary['fuyou_over_fsync_each']:.3f}")
-    if a.first_chunk_only:
-        summary["fuyou_over_first_chunk"] = f / med["fuyou_first_chunk"]
-        print(f"fuyou / fuyou first chunk     = {summary['fuyou_over_first_chunk']:.3f}")
-    if a.sync_commit:
-        summary["sequential_over_sync_commit"] = s / med["sequential_sync_commit"]
-        print(f"sequential / sync commit      = {summary['sequential_over_sync_commit']:.3f}")
     print(f"fuyou_nvme / fuyou            = {fn / f:.3f}")
     print(f"fuyou / max(compute, I/O)     = {f / max(c, io):.3f}")
     print(f"fuyou / CPU bound             = {f / cpu_bound:.3f}")

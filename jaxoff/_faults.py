@@ -1,16 +1,19 @@
 """Fault points: named places where a crash-consistency test can make the process die.
 
 ``JAXOFF_FAULT="name:n"`` kills this process with SIGKILL the ``n``-th time (1-based)
-:func:`point` is reached with that name; several such items may be given, separated by
-commas (``"store.commit:3,checkpoint.orbax:1"``). Without the variable, :func:`point` is one
-dictionary lookup. Under several processes (``jaxoff launch``),
-``JAXOFF_FAULT_PROCESS=i`` arms the faults in process ``i`` only (its ``JAX_PROCESS_ID``);
-the others run untouched. The suite in ``tests/test_faults.py`` uses these points to kill
-``jaxoff train`` inside each writer (store pages, commits, both checkpoint writers, the
-metrics log) and checks that ``--resume`` then finishes bitwise equal to an uninterrupted run.
+:func:`point` is reached with that name (the ``pager.*`` points are reached in the paging
+calls' C++ handlers, ``ffi/src/pager_registry.cc``, which read the same variable); several
+such items may be given, separated by commas (``"store.commit:3,checkpoint.orbax:1"``).
+Without the variable, :func:`point` is one dictionary lookup. Under several processes
+(``jaxoff launch``), ``JAXOFF_FAULT_PROCESS=i`` arms the faults in process ``i`` only
+(its ``JAX_PROCESS_ID``); the others run untouched. The suite in ``tests/test_faults.py``
+uses these points to kill ``jaxoff train`` inside each writer (paging calls, store commits,
+both checkpoint writers, the metrics log) and checks that ``--resume`` then finishes bitwise
+equal to an uninterrupted run.
 
-Points (see ``POINTS``) are reached in this order within a training step: the step's page
-writes and commit, the metrics line, then the checkpoint writers.
+Points (see ``POINTS``) are reached in this order within a training step: the step's paging
+calls (begin, takes and puts, commit) and the store's commit, the metrics line, then the
+checkpoint writers.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ POINTS: dict[str, str] = {
     "train.init": "after the run directory is prepared, before the first state exists",
     "train.step": "after a step has run, before its metrics line is written",
     "train.metrics": "after a step's metrics line is written, before its checkpoint",
-    "store.write": "between chunk writes of a paged optimizer step (before its commit)",
+    "pager.begin": "in a paged step's page_begin, before the pager starts the step",
+    "pager.take": "in a paged step's page_take, before the chunk is taken",
+    "pager.put": "in a paged step's page_out, before the chunk is handed to the pager (earlier "
+    "puts of the step may be on disk: writes to the next version's slot)",
+    "pager.commit": "in a paged step's page_commit, once the step ended (its writes and commit "
+    "may still be in flight)",
     "store.commit": "inside a page store commit, before the new manifest replaces the old",
     "checkpoint.paged": "between chunks of a paged checkpoint being written",
     "checkpoint.orbax": "after the paged checkpoint, before the orbax checkpoint is written",

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 OPS = ("read", "write")
+FFI_CHUNK_BYTES = 16 << 20  # the FFI path's chunks: the paged optimizer's default
 BACKENDS = ("auto", "io_uring", "posix")
 
 
@@ -181,10 +182,11 @@ class Bench:
         self.out = {s: aligned_empty(s) for s in sizes}
         self._engines: dict[EngineConfig, Engine] = {}
         # (config, size) -> (jitted read, jitted write, the array written)
-        self._tables: dict[tuple[EngineConfig, int], tuple[Callable, Callable, Any]] = {}
+        # (config, size) -> [transaction, jitted read, jitted write, array written, version]
+        self._tables: dict[tuple[EngineConfig, int], list[Any]] = {}
         base = Engine(EngineConfig(block_size=8 << 20, pool_bytes=64 << 20))
         for s in sizes:  # written once, untimed: reads read them, writes overwrite them
-            for name in ("engine", "fio", "ffi"):
+            for name in ("engine", "fio"):
                 base.write(self.path(name, s), 0, self.data[s]).result()
 
     def path(self, who: str, size: int) -> str:
@@ -206,28 +208,63 @@ class Bench:
         return case.size / (time.perf_counter() - t0) / 1e9
 
     def time_ffi(self, case: Case) -> float:
+        """One step of paging calls (`jaxoff.optim.chunks.PageTransaction`) over a one-entry
+        store of ``case.size`` bytes: every chunk taken (read), or every chunk put and the
+        step committed durably (write), the product's own path."""
         import jax
         import jax.numpy as jnp
 
-        from jaxoff.aio._ffi_calls import new_token, page_in, page_out, register_file_table
+        from jaxoff.optim._transaction import PagedTable, PageTransaction
 
         key = (case.config, case.size)
         if key not in self._tables:
-            name = f"iobench_{len(self._tables)}"
-            register_file_table(name, [self.path("ffi", case.size)], config=case.config)
             n = case.size // 4
-            read = jax.jit(
-                lambda: page_in(
-                    name, 0, 0, 0, new_token(), shape=(n,), dtype=jnp.float32, verify=False
-                )[0]
+            chunk = min(case.size, FFI_CHUNK_BYTES)
+            per = chunk // 4
+            spans = [(c, min(per, n - c)) for c in range(0, n, per)]
+            txn = PageTransaction.open(
+                os.path.join(self.root, f"ffi.{len(self._tables)}"),
+                {"x": ((n,), np.float32)},
+                chunk_bytes=chunk,
+                slots=1,  # in place: one copy of the file, as the engine and fio write
+                table=PagedTable("jaxoff.iobench"),
+                engine=case.config,
+                read_ahead_bytes=min(case.size, 4 * chunk),
+                write_behind_bytes=min(case.size, 4 * chunk),
             )
-            write = jax.jit(lambda x: page_out(name, 0, 0, x, new_token())[1])
-            x = jnp.asarray(self.data[case.size].view(np.float32))
-            jax.block_until_ready((read(), write(x)))  # compile
-            self._tables[key] = (read, write, x)
-        read, write, x = self._tables[key]
+            x = self.data[case.size].view(np.float32)
+            txn.write_initial(("x", i, x[s : s + m]) for i, (s, m) in enumerate(spans))
+
+            def address(i):
+                return lambda env: ("x", i)
+
+            @jax.jit
+            def read(version):
+                rec = txn.begin(version)
+                parts = [rec.take(address(i), (m,), jnp.float32) for i, (_, m) in enumerate(spans)]
+                rec.commit()  # a step that only reads: no new version
+                return parts
+
+            @jax.jit
+            def write(version, x):
+                rec = txn.begin(version)
+                for i, (s, m) in enumerate(spans):
+                    rec.put(address(i), x[s : s + m])
+                rec.commit()
+                return version + 1
+
+            self._tables[key] = [txn, read, write, jnp.asarray(x), jnp.int32(txn.store.version)]
+            jax.block_until_ready(read(self._tables[key][4]))  # compile
+            self._tables[key][4] = write(self._tables[key][4], self._tables[key][3])
+            txn.settle()
+        entry = self._tables[key]
+        txn, read, write, x, version = entry
         t0 = time.perf_counter()
-        jax.block_until_ready(read() if case.op == "read" else write(x))
+        if case.op == "read":
+            jax.block_until_ready(read(version))
+        else:
+            entry[4] = jax.block_until_ready(write(version, x))
+            txn.settle()  # the writes are on disk and the step committed
         return case.size / (time.perf_counter() - t0) / 1e9
 
     def time_fio(self, case: Case) -> float:
@@ -235,10 +272,8 @@ class Bench:
         return run_fio(self.path("fio", case.size), case.op, case.size, c.block_size, c.queue_depth)
 
     def close(self):
-        from jaxoff.aio._ffi_calls import unregister_file_table
-
-        for i in range(len(self._tables)):
-            unregister_file_table(f"iobench_{i}")
+        for txn, *_ in self._tables.values():
+            txn.close()
         self._tables.clear()
         self._engines.clear()
 

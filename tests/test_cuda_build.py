@@ -1,6 +1,7 @@
 """The CUDA build of the paging calls, checked without a GPU: the module is built wherever a
-CUDA toolkit is, names every paging target, loads with no driver, and a GPU backend without it
-fails a paging call with one line. Also the other bad inputs of GPU paging that need no GPU."""
+CUDA toolkit is, names the four pager targets (``jaxoff_pager_begin/take/out/commit``), loads
+with no driver, and a GPU backend without it fails a paging call with one line. Also the other
+bad inputs of GPU paging that need no GPU."""
 
 import os
 import shutil
@@ -15,16 +16,9 @@ from _limits import HANG_S
 from jaxoff import JaxoffError, _ffi
 from jaxoff.aio import _cuda, _ffi_calls, cuda_status
 from jaxoff.aio._engine import EngineConfig
-from jaxoff.aio._ffi_calls import (
-    new_token,
-    page_flush,
-    page_in,
-    page_out,
-    page_prefetch,
-    page_take,
-    register_file_table,
-    unregister_file_table,
-)
+from jaxoff.aio._ffi_calls import file_table_backend
+from jaxoff.aio._pager import PAGER_TARGETS, page_begin, page_commit, page_out, page_take
+from jaxoff.optim._transaction import PagedTable, PageTransaction
 
 FFI_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ffi")
 
@@ -63,14 +57,12 @@ def cuda_module():
 def test_cuda_registrations_name_every_paging_target():
     mod = cuda_module()
     regs = mod.registrations()
-    assert sorted(regs) == sorted(_cuda.PAGING_TARGETS)
-    for name, stages in regs.items():
-        assert sorted(stages) == ["execute", "instantiate"], name
-        assert all(type(c).__name__ == "PyCapsule" for c in stages.values()), name
+    assert sorted(regs) == sorted(_cuda.PAGING_TARGETS) == sorted(PAGER_TARGETS)
+    for name, capsule in regs.items():  # one stateless execute handler each
+        assert type(capsule).__name__ == "PyCapsule", name
     # Same names as the CPU targets: one Python wrapper serves both platforms.
     assert set(regs) <= set(_ffi.registrations())
-    assert sorted(mod.state_types()) == ["jaxoff_cuda_page_state"]
-    assert sorted(mod.state_types()["jaxoff_cuda_page_state"]) == ["type_id", "type_info"]
+    assert not hasattr(mod, "state_types")  # no XLA FFI state types: the pager is the state
 
 
 def test_cuda_module_loads_with_no_driver_and_binds_the_host_half():
@@ -86,10 +78,8 @@ def test_cuda_module_loads_with_no_driver_and_binds_the_host_half():
         mod.bind_host_api(_ffi.registrations()["jaxoff_copy"])
     mod.bind_host_api(_ffi.host_paging_api())
     assert mod.host_api_bound()
-    pinned = mod.pinned_bytes()
-    assert sorted(pinned) == ["cap", "held"] and pinned["held"] >= 0 and pinned["cap"] >= 0
-    if rt["device_count"] == 0:  # nothing can be pinned without a device
-        assert pinned["held"] == 0
+    if rt["device_count"] == 0:  # no GPU pager can have opened without a device
+        assert mod.pager_tables() == []
 
 
 def test_cuda_status_is_consistent():
@@ -121,14 +111,15 @@ def simulate_gpu_without_cuda_module(monkeypatch, default_is_gpu=True):
     monkeypatch.setattr(_cuda, "_registered", False)
 
 
+def _token():
+    return jnp.zeros((), jnp.int32)
+
+
 CALLS = {
-    "jaxoff_page_in": lambda x, t: page_in("nt", 0, 0, 0, t, shape=x.shape, dtype=x.dtype),
-    "jaxoff_page_out": lambda x, t: page_out("nt", 0, 0, x, t),
-    "jaxoff_page_prefetch": lambda x, t: page_prefetch(
-        "nt", 0, 0, 0, t, shape=x.shape, dtype=x.dtype
-    ),
-    "jaxoff_page_take": lambda x, t: page_take("nt", jnp.int32(1), t, shape=x.shape, dtype=x.dtype),
-    "jaxoff_page_flush": lambda x, t: page_flush("nt", t),
+    "jaxoff_pager_begin": lambda x: page_begin("nt", 1, jnp.int32(0)),
+    "jaxoff_pager_take": lambda x: page_take("nt", 1, 0, _token(), shape=x.shape, dtype=x.dtype),
+    "jaxoff_pager_out": lambda x: page_out("nt", 1, 0, x, _token()),
+    "jaxoff_pager_commit": lambda x: page_commit("nt", 1, _token()),
 }
 
 
@@ -137,11 +128,12 @@ def test_gpu_backend_without_cuda_module_is_one_line_error(monkeypatch, target):
     simulate_gpu_without_cuda_module(monkeypatch)
     x = jnp.zeros(8, jnp.float32)
     with pytest.raises(JaxoffError) as e:
-        jax.jit(lambda x: CALLS[target](x, new_token())).lower(x)
+        jax.jit(CALLS[target]).lower(x)
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith(f"{target} cannot run on the GPU: jaxoff was built without CUDA")
     assert "JAXOFF_CUDA=on pip install --no-build-isolation --no-deps ." in msg
+    assert "jax.default_device(jax.devices('cpu')[0])" in msg  # or run the step on the CPU
     assert not _ffi_calls.cuda_registered()
 
 
@@ -149,36 +141,57 @@ def test_gpu_backend_without_cuda_module_still_pages_on_cpu(monkeypatch):
     """A step placed on the CPU of a GPU machine keeps working without the CUDA module."""
     simulate_gpu_without_cuda_module(monkeypatch, default_is_gpu=False)
     x = jnp.zeros(8, jnp.float32)
-    text = jax.jit(lambda x: page_out("nt", 0, 0, x, new_token())).lower(x).as_text()
-    assert "jaxoff_page_out" in text
+
+    def step(x):
+        tok = page_begin("nt", 1, jnp.int32(0))
+        y, tok = page_take("nt", 1, 0, tok, shape=x.shape, dtype=x.dtype)
+        return page_commit("nt", 1, page_out("nt", 1, 1, y + x, tok))
+
+    text = jax.jit(step).lower(x).as_text()
+    for target in PAGER_TARGETS:
+        assert f"@{target}(" in text, target
 
 
 def test_store_on_a_filesystem_without_o_direct_falls_back_to_buffered(tmp_path):
-    """tmpfs refuses O_DIRECT (EINVAL): the engine opens the file buffered instead (documented
-    in EngineConfig.o_direct) and the bytes round-trip with their checksum."""
+    """tmpfs refuses O_DIRECT (EINVAL): the engine opens the store's page files buffered
+    instead (documented in EngineConfig.o_direct) and a step's chunks round-trip through the
+    pager with their checksums."""
     shm = "/dev/shm"
     if not os.path.isdir(shm) or not os.access(shm, os.W_OK):
         pytest.skip("no writable /dev/shm (tmpfs) here")
-    d = os.path.join(shm, f"jaxoff-test-{os.getpid()}")
-    os.makedirs(d, exist_ok=True)
-    name = f"shm_{os.getpid()}"
+    d = os.path.join(shm, f"jaxoff-test-{os.getpid()}-{tmp_path.name}")
+    txn = None
     try:
-        register_file_table(
-            name,
-            [os.path.join(d, "a.page")],
-            config=EngineConfig(o_direct=True, pool_bytes=1 << 20),
-        )
-        x = jnp.asarray(np.arange(3000, dtype=np.float32))
+        txn = PageTransaction.open(
+            d, {"w": ((3000,), np.float32)}, chunk_bytes=4096, table=PagedTable("test.shm"),
+            engine=EngineConfig(o_direct=True, pool_bytes=1 << 20),
+        )  # fmt: skip
+        assert file_table_backend(txn.table) in ("io_uring", "posix")
+        x = np.arange(3000, dtype=np.float32)
+        chunks = txn.store.entries["w"].chunks
+        txn.write_initial([("w", c.index, x[c.elem_start : c.elem_start + c.elem_count])
+                           for c in chunks])  # fmt: skip
 
         @jax.jit
-        def roundtrip(x):
-            crc, tok = page_out(name, 0, 0, x, new_token())
-            y, tok = page_in(name, 0, 0, crc, tok, shape=x.shape, dtype=x.dtype)
-            return y
+        def step(version):
+            rec = txn.begin(version)
+            parts = []
+            for c in chunks:
+                at = lambda env, i=c.index: ("w", i)  # noqa: E731
+                y = rec.take(at, (c.elem_count,), jnp.float32)
+                rec.put(at, -y)
+                parts.append(y)
+            rec.commit()
+            return version + 1, jnp.concatenate(parts)
 
-        assert np.asarray(roundtrip(x)).tobytes() == np.asarray(x).tobytes()
+        version, got = step(jnp.int32(1))
+        assert np.asarray(got).tobytes() == x.tobytes()
+        txn.settle()
+        assert txn.store.version == int(version) == 2
+        assert np.asarray(txn.store.read("w")).tobytes() == (-x).tobytes()
     finally:
-        unregister_file_table(name)
+        if txn is not None:
+            txn.close()
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -226,10 +226,13 @@ def baseline(jaxoff, tmp_path_factory) -> Baseline:
 # points reached at most once before the run's next checkpoint completes: a kill there costs at
 # most one checkpoint interval, so 10 kills fit in the run
 _ONCE = ["train.init", "checkpoint.paged", "checkpoint.orbax", "checkpoint.done"]
-_PER_STEP = ["train.step", "train.metrics", "store.write", "store.commit"]
+_PER_STEP = [
+    "train.step", "train.metrics", "pager.begin", "pager.take", "pager.put", "pager.commit",
+    "store.commit",
+]  # fmt: skip
 
 
-def _kill_plan(seed: int, kills: int = 10) -> list[str]:
+def _kill_plan(seed: int, kills: int = 12) -> list[str]:
     """Every fault point at least once, the rest drawn at random, in a random order."""
     rng = random.Random(seed)
     names = list(POINTS) + [rng.choice(list(POINTS)) for _ in range(kills - len(POINTS))]
@@ -241,7 +244,7 @@ def test_kill_plan_covers_every_fault_point():
     assert set(_ONCE + _PER_STEP) == set(POINTS)
     for seed in (1, 2):
         plan = _kill_plan(seed)
-        assert len(plan) == 10 and {p.split(":")[0] for p in plan} == set(POINTS)
+        assert len(plan) == 12 and {p.split(":")[0] for p in plan} == set(POINTS)
 
 
 @pytest.mark.slow
@@ -422,7 +425,7 @@ def test_a_rebuilt_store_keeps_the_users_files(jaxoff, baseline, tmp_path):
     that folder stay."""
     run, store = tmp_path / "run", tmp_path / "opt-store"
     opts = ("--store", str(store), "--store-slots", "1")
-    proc = jaxoff.train(run, *opts, fault="store.write:15")  # mid-update, after a checkpoint
+    proc = jaxoff.train(run, *opts, fault="pager.put:300")  # mid-update, after a checkpoint
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (store / "IN_PLACE_OPEN").exists() and (store / "jaxoff-store.json").exists()
     planted = _plant(store, store / "data", tmp_path)

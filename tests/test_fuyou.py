@@ -81,8 +81,8 @@ def seq_run(cfg, root):
         ("tiny", "float32", None),
         ("tiny", "bfloat16", None),
         ("llama-tiny", "float32", None),
-        # a layer's state (1.6 MB) larger than the read-ahead: 1 to 3 leading chunks of
-        # each tensor read ahead, the rest in the update's pipeline
+        # a layer's state (1.6 MB) larger than the pager's read-ahead: its update waits
+        # for some of its reads
         ("tiny", "float32", 600 << 10),
     ],
 )
@@ -93,14 +93,7 @@ def test_bitwise_equal_to_sequential_paged(tmp_path, model, dtype, read_ahead):
     lay = _layout(tx2, s2.params)
     want = fuyou_module.default_read_ahead_bytes() if read_ahead is None else read_ahead
     assert lay.read_ahead_bytes == want
-    blocks = [leaf for leaf in lay.plan.leaves if lay.blocks[leaf.index]]
-    ahead = [len(lay.head_sizes[leaf.index]) for leaf in blocks]
-    whole = [-(-leaf.size // lay.num_layers // leaf.chunk_elems) for leaf in blocks]
-    if read_ahead is None:
-        assert ahead == whole and max(whole) >= 3
-    else:  # some tensors' first chunks only, some more, none whole where it has several
-        assert min(ahead) == 1 and max(ahead) >= 3
-        assert all(a < w for a, w in zip(ahead, whole, strict=True) if w > 3)
+    assert lay.txn.config.arena_slots * lay.txn.config.slot_bytes >= want
     for t in range(10):
         s1, m1 = step1(s1, *batch(t))
         s2, m2 = step2(s2, *batch(t))
@@ -145,7 +138,7 @@ def _loops_with_io_and_dots(hlo: str) -> int:
     n = 0
     for b in set(bodies):
         text = closure(b, set())
-        if "jaxoff_page_take" in text and "jaxoff_page_out" in text and " dot(" in text:
+        if "jaxoff_pager_take" in text and "jaxoff_pager_out" in text and " dot(" in text:
             n += 1
     return n
 
@@ -161,7 +154,7 @@ def test_page_io_inside_backward_loop(tmp_path):
     tx2.close()
 
 
-_READS = ("jaxoff_page_prefetch", "jaxoff_page_take", "jaxoff_page_in")
+_READS = ("jaxoff_pager_take",)
 
 
 def _subjaxprs(eqn):
@@ -320,21 +313,6 @@ def test_builds_on_the_public_chunk_update_api_only():
     assert private == []
 
 
-def test_update_leaf_takes_one_head_chunk_or_several_not_both(tmp_path):
-    from jaxoff.aio import new_token
-    from jaxoff.optim.chunks import chunk_updater
-
-    updater = chunk_updater(paged(inner(), tmp_path / "s", chunk_bytes=CHUNK))
-    plan = updater.plan({"w": jnp.zeros((3, 5), jnp.float32)})
-    g = jnp.zeros((3, 5), jnp.float32)
-    ticket = [new_token()]
-    with pytest.raises(ValueError, match="head .one chunk. or heads .several., not both"):
-        updater.update_leaf(
-            "unused", plan, plan.leaves[0], g, g, [], [], [], jnp.int32(0), new_token(),
-            head=ticket, heads=[ticket],
-        )  # fmt: skip
-
-
 def test_read_ahead_bytes_is_checked_and_fixed_while_the_store_is_open(tmp_path):
     cfg = config("float32")
     _, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
@@ -345,25 +323,18 @@ def test_read_ahead_bytes_is_checked_and_fixed_while_the_store_is_open(tmp_path)
     fuyou_init(cfg, tx, params, read_ahead_bytes=0)
     lay = _layout(tx, params)
     assert lay.read_ahead_bytes == 0
-    # 0: the first chunk of each tensor only (a layer's tensors here are several chunks)
-    blocks = [leaf for leaf in lay.plan.leaves if lay.blocks[leaf.index]]
-    assert {len(lay.head_sizes[leaf.index]) for leaf in blocks} == {1}
-    assert max(-(-leaf.size // lay.num_layers // leaf.chunk_elems) for leaf in blocks) >= 3
-    # the staging was sized for it: another budget for the open store is refused, and says how
+    assert lay.txn.config.arena_slots == 2  # 0: the pager's least, two chunks
+    # the pager was sized for it: another budget for the open store is refused, and says how
     with pytest.raises(ConfigError, match=r"read_ahead_bytes=0.*tx.close\(\)"):
         fuyou_init(cfg, tx, params, read_ahead_bytes=1 << 20)
     assert _layout(tx, params, read_ahead_bytes=None) is lay  # None keeps it
     tx.close()
-    # a new optimizer on the same store lays it out with the new budget (a layer's state,
-    # 1.6 MB, fits: read whole)
+    # a new optimizer on the same store lays it out with the new budget
     tx = paged(inner(), tmp_path / "s", chunk_bytes=CHUNK)
     fuyou_init(cfg, tx, params, read_ahead_bytes=4 << 20)
     lay = _layout(tx, params)
     assert lay.read_ahead_bytes == 4 << 20
-    assert all(
-        len(lay.head_sizes[leaf.index]) == -(-leaf.size // lay.num_layers // leaf.chunk_elems)
-        for leaf in blocks
-    )
+    assert lay.txn.config.arena_slots == (4 << 20) // lay.txn.config.slot_bytes
     tx.close()
 
 
@@ -421,22 +392,19 @@ def test_paged_parameters_bitwise_equal_to_resident_ones(tmp_path, model, dtype,
     got = fuyou_params(tx2, s2.params)
     for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(got), strict=True):
         assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    for name in _layout(tx1, s1.params).store_names:
+    for name in tx1.store.entries:  # the optimizer state's (tx2's store has the blocks too)
         assert tx1.store.read(name).tobytes() == tx2.store.read(name).tobytes(), name
     assert step2._cache_size() == 1
     tx1.close()
     tx2.close()
 
 
-def _is_prefetch(eqn) -> bool:
-    return eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") == _READS[0]
-
-
 def test_paged_parameters_are_read_beside_the_layer_that_computes(tmp_path):
     """On the traced program: in both layer scans (forward, and backward with the update)
-    the next layer's parameter reads are started with no data path from or to the current
-    layer's matmuls; the state's blocks are empty, and the compiled step's arguments and
-    temporaries hold no stacked copy of them."""
+    no take waits for a matmul of the scan's step (the pager reads the next layer while
+    this one computes, and the update's takes run beside layer j's matmuls); the state's
+    blocks are empty, and the compiled step's arguments and temporaries hold no stacked copy
+    of them. After a step, the pager had several reads in flight at once: it read ahead."""
     cfg = config("float32")
     tx, state, step = paged_params_run(cfg, tmp_path / "s")
     graphdef = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)[0]
@@ -444,27 +412,30 @@ def test_paged_parameters_are_read_beside_the_layer_that_computes(tmp_path):
     loops = [
         e
         for e in closed.jaxpr.eqns
-        if e.primitive.name == "scan" and _contains(e, _is_prefetch) and _contains(e, _is_dot)
+        if e.primitive.name == "scan" and _contains(e, _is_read) and _contains(e, _is_dot)
     ]
     assert len(loops) == 2  # forward and backward
     for loop in loops:
         body = loop.params["jaxpr"].jaxpr
-        assert any(_contains(e, _is_prefetch) for e in body.eqns)
-        assert _paths(body, _is_prefetch, _is_dot) == []
-        assert _paths(body, _is_dot, _is_prefetch) == []
+        assert any(_contains(e, _is_read) for e in body.eqns)
+        assert _paths(body, _is_dot, _is_read) == []
     mem = step.lower(state, *batch(0)).compile().memory_analysis()
     tx1, s1, step1 = fuyou_run(cfg, tmp_path / "ram")
     mem1 = step1.lower(s1, *batch(0)).compile().memory_analysis()
     blocks = sum(x.nbytes for x in jax.tree.leaves(s1.params["blocks"]))
-    crcs = sum(x.nbytes for x in state.opt_state.params)  # uint32 per chunk of a layer
-    assert mem.argument_size_in_bytes <= mem1.argument_size_in_bytes - blocks + crcs
-    assert mem.temp_size_in_bytes < mem1.temp_size_in_bytes + blocks // cfg.num_layers
+    assert mem.argument_size_in_bytes <= mem1.argument_size_in_bytes - blocks
+    # the window the paged step keeps beyond the resident one's: the layer it computes and
+    # the one taken for the next trip (the resident step slices both from its arguments)
+    assert mem.temp_size_in_bytes < mem1.temp_size_in_bytes + 2 * blocks // cfg.num_layers
+    state, _ = step(state, *batch(0))
+    jax.block_until_ready(state)
+    assert _layout(tx, None, True).txn.stats()["max_reads_in_flight"] >= 2
     tx.close()
     tx1.close()
 
 
 def _is_take(eqn) -> bool:
-    return eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") == "jaxoff_page_take"
+    return eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") == "jaxoff_pager_take"
 
 
 def _traced_setup(cfg, tmp_path, page_params):
@@ -513,60 +484,6 @@ def test_layer_gradients_are_carried_flat(tmp_path, page_params):
     tx.close()
 
 
-@pytest.mark.parametrize("page_params", [False, True])
-def test_optimizer_state_is_read_a_layer_ahead_of_its_update(tmp_path, page_params):
-    """On the traced program: the backward scan's step starts the reads of the leading
-    chunks (here: all, the layer's state fits ``read_ahead_bytes``) of every
-    optimizer-state tensor of the layer it differentiates (updated by the next step) and
-    hands their tickets to the next step through the carry, and the update it runs takes
-    those chunks of every tensor of its own layer from tickets that came in through the
-    carry: the reads were issued a whole layer's backward earlier, so the update does not
-    wait for them."""
-    cfg = config("float32")
-    graphdef, tx, state = _traced_setup(cfg, tmp_path, page_params)
-    lay = _layout(tx, None, page_params)  # laid out by fuyou_init
-    bleaves = [leaf for leaf in lay.plan.leaves if lay.blocks[leaf.index]]
-    per_layer = sum(len(leaf.entries) for leaf in bleaves)
-    chunks = {leaf.index: -(-leaf.size // lay.num_layers // leaf.chunk_elems) for leaf in bleaves}
-    assert {k: len(v) for k, v in lay.head_sizes.items() if k in chunks} == chunks
-    assert max(chunks.values()) >= 3  # several chunks a tensor: read ahead in a scan
-    param_chunks = sum(len(e.chunks) for e in lay.params)  # the parameters' own reads ahead
-    step = make_fuyou_step(graphdef, cfg, tx, page_params=page_params)
-    closed = jax.make_jaxpr(step)(state, *batch(0))
-    loops = [
-        e
-        for e in closed.jaxpr.eqns
-        if e.primitive.name == "scan" and _contains(e, _is_dot) and _contains(e, _is_take)
-    ]
-    body = loops[-1].params["jaxpr"].jaxpr  # the backward scan (forward first when paged)
-    outs = {v for v in body.outvars if isinstance(v, jex_core.Var)}
-    carried = [e for e in body.eqns if _is_prefetch(e) and set(e.outvars) & outs]
-    ins = set(body.invars)
-    # a tensor of one or two chunks is taken in the body, one of more in a scan over the
-    # tickets that came in with it: both from the carry
-    from_carry = [e for e in body.eqns if _is_take(e) and e.invars[0] in ins]
-    head_scans = [
-        e
-        for e in body.eqns
-        if e.primitive.name == "scan"
-        and _contains(e, _is_take)
-        and not _contains(e, _is_prefetch)
-        and set(e.invars) & ins
-    ]
-    assert per_layer >= 4
-    read_ahead = sum(len(leaf.entries) * chunks[leaf.index] for leaf in bleaves)
-    assert len(carried) == read_ahead + param_chunks
-    # every read the body starts is one of those: the update it runs starts none of its own
-    assert _count(body.eqns, _is_prefetch) == len(carried)
-    assert from_carry and head_scans
-    tx.close()
-
-
-def _count(eqns, pred) -> int:
-    """Equations satisfying ``pred`` in ``eqns`` and the jaxprs they hold (once each)."""
-    return sum(pred(e) + sum(_count(j.eqns, pred) for j in _subjaxprs(e)) for e in eqns)
-
-
 def test_paged_parameters_refuse_bad_input_and_detect_corruption(tmp_path):
     cfg = config("float32")
     graphdef, params = nnx.split(cfg.build(nnx.Rngs(0)), nnx.Param)
@@ -579,16 +496,17 @@ def test_paged_parameters_refuse_bad_input_and_detect_corruption(tmp_path):
         make_fuyou_step(graphdef, cfg, tx, page_params=True, blocks_as_bits=True)
     # a flipped byte in a layer's parameters on disk: the read fails naming the file
     lay = _layout(tx, None, True)
-    e = lay.params[0]
-    slot = int(state.opt_state.version) % 2
-    path = tx.store.file_table()[int(e.fids[1, slot, 0])]
-    off = int(e.offs[1, 0, 0]) | int(e.offs[1, 0, 1]) << 32
+    store, name = tx.store, f"{lay.params[0].name}@1"
+    table = store.chunk_table(store.active_slot)
+    e = list(store.entries).index(name)
+    row = int(np.flatnonzero((table["entry"] == e) & (table["chunk"] == 0))[0])
+    path, off = store.file_table()[int(table["file_id"][row])], int(table["offset"][row])
     with open(path, "r+b") as f:
         f.seek(off)
         b = f.read(1)
         f.seek(off)
         f.write(bytes([b[0] ^ 0xFF]))
-    with pytest.raises(Exception, match=r"(?s)DATA_LOSS.*checksum mismatch"):
+    with pytest.raises(Exception, match="checksum mismatch in " + re.escape(path)):
         jax.block_until_ready(step(state, *batch(0)))
     tx.close()
     with pytest.raises(PageStoreError, match=r"param\.blocks\..*in the store but not requested"):
@@ -620,11 +538,10 @@ def test_closing_the_optimizer_releases_the_store_files(tmp_path):
 
 @pytest.mark.parametrize("page_params", [False, True])
 def test_a_stale_state_is_refused_as_stale(tmp_path, page_params):
-    """Fuyou checks its state with the plain paged step's commit protocol
-    (``jaxoff.optim.StepCommit``): a state whose checksums are not the store's committed
-    version's (here: a copy kept from an earlier step, after the store moved on) is refused
-    by the step before it reads, saying it is stale, and by fuyou_save (as
-    ``test_dropin_flax``'s test of the plain step)."""
+    """Fuyou's step begins with the same transaction as the plain paged step's: a state that
+    does not describe the store's committed version (here: a copy kept from an earlier step,
+    after the store moved on) is refused by the step before it reads, saying it is stale and
+    what to do, and by fuyou_save (as ``test_dropin_flax``'s test of the plain step)."""
     from jaxoff.strategies.fuyou import fuyou_save
 
     cfg = config("float32")

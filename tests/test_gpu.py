@@ -5,11 +5,14 @@ cpu):
 
     JAX_PLATFORMS=cuda,cpu python -m pytest -m gpu tests/test_gpu.py -rsx
 
-What they check: the CUDA paging handlers round-trip bytes and checksums inside a step jitted
-for the GPU; the paged AdamW step on the GPU equals plain optax on the GPU (bitwise, leaf by
-leaf, as tests/test_paged.py does on CPU); host placement lowers the device's peak memory;
-layer streaming keeps at most ``w + 1`` layers of parameters on the device. Memory figures
-come from ``device.memory_stats()["peak_bytes_in_use"]`` of a child process per measurement
+What they check: the CUDA pager (``jaxoff._ffi_cuda``: the four ``jaxoff_pager_*`` targets)
+round-trips bytes and checksums through a paging transaction jitted for the GPU, its copies
+crossing PCIe on the pager's own streams; a flipped byte fails the take that needs it; a
+pinned arena the host cannot give fails the pager's opening in one line; the paged AdamW step
+on the GPU equals plain optax on the GPU (bitwise, leaf by leaf, as tests/test_paged.py does
+on CPU); host placement lowers the device's peak memory; layer streaming keeps at most
+``w + 1`` layers of parameters on the device. Memory figures come from
+``device.memory_stats()["peak_bytes_in_use"]`` of a child process per measurement
 (``bench/gpu.py probe``), since the peak cannot be reset within a process.
 """
 
@@ -27,19 +30,21 @@ import numpy as np
 import pytest
 from _limits import HANG_S
 
-from jaxoff.aio import cuda_status
-from jaxoff.aio._engine import EngineConfig
-from jaxoff.aio._ffi_calls import (
-    new_token,
-    page_flush,
-    page_in,
-    page_out,
-    page_prefetch,
-    page_take,
-    register_file_table,
-    unregister_file_table,
+from jaxoff.aio import PageStoreCorruptError, cuda_status, store_error_from
+from jaxoff.aio._ffi_calls import register_file_table, register_targets, unregister_file_table
+from jaxoff.aio._pager import (
+    PAGER_TARGETS,
+    Pager,
+    PagerConfig,
+    owner_name,
+    page_begin,
+    page_commit,
 )
 from jaxoff.optim import paged
+from jaxoff.optim._transaction import PagedTable, PageTransaction
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_pager_io import assert_store_holds, chunk_place, flip_byte, initial, swap_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = [str(ROOT / "bench" / "gpu.py"), "probe"]
@@ -69,23 +74,19 @@ def gpu():
         yield dev
 
 
-@pytest.fixture
-def table(tmp_path):
-    name = f"gpu_{os.getpid()}_{id(tmp_path)}"
-    register_file_table(
-        name, [tmp_path / "a.page", tmp_path / "b.page"], config=EngineConfig(pool_bytes=64 << 20)
-    )
-    yield name
-    unregister_file_table(name)
-
-
 def test_cuda_paging_targets_registered(gpu):
     s = cuda_status()
     assert s.built and s.importable, s.reason
-    new_token()  # registration happens with the first paging call
-    jax.jit(lambda x: page_flush("unused", x)).lower(new_token())
+    register_targets()
+    text = (
+        jax.jit(lambda v: page_commit("unused", 1, page_begin("unused", 1, v)))
+        .lower(jnp.int32(0))
+        .as_text()
+    )
+    assert "@jaxoff_pager_begin(" in text and "@jaxoff_pager_commit(" in text
     s = cuda_status()
     assert s.gpu_backend and s.registered, s
+    assert s.targets == tuple(sorted(PAGER_TARGETS))
     assert s.runtime["device_count"] >= 1 and not s.runtime["error"], s.runtime
 
 
@@ -93,66 +94,82 @@ def test_cuda_paging_targets_registered(gpu):
     "dtype, n",
     [(jnp.float32, 1), (jnp.float32, 3_000_001), (jnp.bfloat16, 4096 * 7 + 3), (jnp.int8, 12345)],
 )
-def test_page_out_in_roundtrip_on_gpu(gpu, table, dtype, n):
-    x = jnp.asarray(np.random.default_rng(n).standard_normal(n) * 50).astype(dtype)
-    slot = -(-x.nbytes // 4096) * 4096
+def test_a_transaction_round_trips_chunks_through_the_cuda_pager(gpu, tmp_path, dtype, n):
+    """Every chunk taken into GPU memory and put back from it, bitwise; the checksums the
+    pager hands the store are the bytes' crc32c (as the CPU's); every byte read crossed to
+    the device and every byte written back, on the pager's own copy streams."""
+    rng = np.random.default_rng(n)
+    x0 = np.asarray(jnp.asarray(rng.standard_normal(n) * 50).astype(dtype))
+    x1 = np.asarray(jnp.asarray(rng.standard_normal(n) * 50).astype(dtype))
+    txn = PageTransaction.open(tmp_path / "s", {"w": ((n,), x0.dtype)}, chunk_bytes=4 << 20,
+                               table=PagedTable("test.gpu"))  # fmt: skip
+    try:
+        assert txn.pager.platform == "cuda"
+        initial(txn, {"w": x0})
+        step = swap_step(txn)
+        text = step.lower(jnp.int32(1), {"w": x1}).as_text()
+        assert "@jaxoff_pager_take(" in text and "@jaxoff_pager_out(" in text
+        before = txn.stats()
+        version, got = step(jnp.int32(1), {"w": x1})
+        assert got["w"].devices() == {gpu}
+        assert np.asarray(got["w"]).tobytes() == x0.tobytes()
+        txn.settle()
+        assert txn.store.version == int(version) == 2
+        assert_store_holds(txn, {"w": x1})  # bytes and crc32c of every chunk
+        version, got = step(version, {"w": x0})  # reads what the GPU wrote
+        assert np.asarray(got["w"]).tobytes() == x1.tobytes()
+        txn.settle()
+        after = txn.stats()
+        assert after["h2d_bytes"] - before["h2d_bytes"] == 2 * x0.nbytes
+        assert after["d2h_bytes"] - before["d2h_bytes"] == 2 * x0.nbytes
+        assert after["commits"] - before["commits"] == 2
+    finally:
+        txn.close()
 
-    @jax.jit
-    def roundtrip(x):
-        crc, tok = page_out(table, 0, 0, x, new_token())
-        crc2, tok = page_out(table, 1, slot, x + 1, tok, write_behind=True)
-        y, tok = page_in(table, 0, 0, crc, tok, shape=x.shape, dtype=x.dtype)
-        ticket = page_prefetch(table, 1, slot, crc2, tok, shape=x.shape, dtype=x.dtype)
-        z, tok = page_take(table, ticket, tok, shape=x.shape, dtype=x.dtype)
-        return y, z, crc, page_flush(table, tok)
 
-    assert "jaxoff_page_in" in roundtrip.lower(x).as_text()
-    y, z, crc, _ = roundtrip(x)
-    assert y.devices() == {gpu} and z.devices() == {gpu}
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
-    np.testing.assert_array_equal(np.asarray(z), np.asarray(x + 1))
-    # The crc is the bytes' crc32c (taken on the host), as the CPU handlers compute it.
-    import crc32c as crc32c_pkg
-
-    assert int(crc) == crc32c_pkg.crc32c(np.asarray(x).tobytes())
-
-
-def test_checksum_mismatch_on_gpu_is_data_loss(gpu, table):
-    x = jnp.arange(5000.0, dtype=jnp.float32)
-    crc, _ = jax.jit(lambda x: page_out(table, 0, 0, x, new_token()))(x)
-    bad = jnp.uint32((int(crc) + 1) & 0xFFFFFFFF)
-    read = jax.jit(lambda c: page_in(table, 0, 0, c, new_token(), shape=x.shape, dtype=x.dtype)[0])
-    with pytest.raises(Exception, match="checksum mismatch") as e:
-        read(bad).block_until_ready()
-    assert "DATA_LOSS" in str(e.value)
+def test_checksum_mismatch_on_gpu_is_data_loss(gpu, tmp_path):
+    x = np.arange(5000, dtype=np.float32)
+    txn = PageTransaction.open(tmp_path / "s", {"w": ((5000,), np.float32)},
+                               chunk_bytes=32 << 10, table=PagedTable("test.gpu"))  # fmt: skip
+    try:
+        initial(txn, {"w": x})
+        path, offset, _ = chunk_place(txn.store, "w", 0)
+        flip_byte(path, offset + 100)
+        with pytest.raises(jax.errors.JaxRuntimeError) as e:
+            jax.block_until_ready(swap_step(txn)(jnp.int32(1), {"w": -x}))
+        msg = str(e.value)
+        assert "DATA_LOSS" in msg and f"checksum mismatch in {path} at offset {offset}" in msg
+        assert isinstance(store_error_from(e.value), PageStoreCorruptError)
+        assert txn.store.version == 1
+    finally:
+        txn.close()
 
 
-def test_pinned_staging_refused_is_one_clear_error(tmp_path):
-    """A GPU without page-locked memory to spare: the call fails at once naming the bytes
-    asked and what to do (simulated with the cap JAXOFF_CUDA_PINNED_MAX_BYTES), no hang."""
-    code = f"""
-import jax, jax.numpy as jnp
-from jaxoff.aio._ffi_calls import register_file_table, page_out, new_token
-register_file_table("t", [{str(tmp_path / "a.page")!r}])
-x = jnp.zeros(16 << 20, jnp.float32)  # 64 MiB, above the 8 MiB cap
-try:
-    jax.jit(lambda x: page_out("t", 0, 0, x, new_token()))(x)[0].block_until_ready()
-except Exception as e:
-    print("ERR", str(e).splitlines()[-1] if str(e) else e)
-"""
-    env = dict(os.environ, JAXOFF_CUDA_PINNED_MAX_BYTES=str(8 << 20))
-    r = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_S
-    )
-    assert "ERR" in r.stdout, r.stdout + r.stderr
-    assert "page-locked staging would exceed JAXOFF_CUDA_PINNED_MAX_BYTES" in r.stdout
+def test_a_pinned_arena_the_host_cannot_give_fails_the_pager_in_one_line(gpu, tmp_path):
+    """A GPU pager allocates its pinned arena when it opens: one the host cannot give (4 TiB
+    here) fails the opening at once, in one line naming the CUDA call, and leaves no pager
+    open."""
+    from jaxoff.aio import _cuda
+
+    table = owner_name("test.gpu")
+    registration = register_file_table(table, [str(tmp_path / "a.page")])
+    try:
+        with pytest.raises(RuntimeError) as e:
+            Pager(table, version=0, crcs=[], commit=lambda v, rows: None,
+                  config=PagerConfig(slot_bytes=1 << 42, arena_slots=1, ring_slots=1,
+                                     write_slots=1))  # fmt: skip
+        msg = str(e.value)
+        assert "\n" not in msg
+        assert "cudaHostAlloc failed" in msg, msg
+        assert table not in _cuda.module().pager_tables()
+    finally:
+        unregister_file_table(table, registration)
 
 
 def test_paged_adamw_step_on_gpu_is_bitwise_plain_optax_leaf_by_leaf(gpu, tmp_path):
     """tests/test_paged.py's equivalence, with the step jitted for the GPU: the paged update
-    (state in page files, chunks through the CUDA handlers) against plain optax applied leaf
-    by leaf on materialised gradients, also on the GPU."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    (state in page files, chunks through the CUDA pager) against plain optax applied leaf by
+    leaf on materialised gradients, also on the GPU."""
     from test_paged import (
         OPTIMIZERS,
         assert_trees_equal,
@@ -167,6 +184,11 @@ def test_paged_adamw_step_on_gpu_is_bitwise_plain_optax_leaf_by_leaf(gpu, tmp_pa
     want, ref_master, ref_moments = run_reference(inner, mlp_params(), 20)
     got, state, step = run(tx, mlp_params(), 20, fused=True)
     assert {d.platform for x in jax.tree.leaves(got) for d in x.devices()} == {"gpu"}
+    txn = tx.pager.txn
+    assert txn.pager.platform == "cuda"
+    txn.settle()
+    stats = txn.stats()
+    assert stats["commits"] == 20 and stats["h2d_bytes"] > 0 and stats["d2h_bytes"] > 0
     assert_trees_equal(got, want)
     assert check_store(tx, got, ref_master, ref_moments) == 10
     assert step._cache_size() == 1

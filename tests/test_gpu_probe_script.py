@@ -72,8 +72,12 @@ def test_smoke_transfers_handlers_and_xla_facts_on_cpu(tmp_path):
     pcie = json.loads((out / "pcie.json").read_text())
     assert pcie["h2d_gb_s"] > 0 and pcie["d2h_gb_s"] > 0 and pcie["bidirectional_gb_s"] > 0
     handlers = json.loads((out / "handlers.json").read_text())
+    assert handlers["platform"] == "cpu"  # the pager of the device JAX has
     assert handlers["take_4k"]["calls"] == 200 and handlers["take_4k"]["us_per_call"] > 0
     assert handlers["take_big"]["gb_s"] > 0 and handlers["write_behind_big"]["gb_s"] > 0
+    stats = handlers["stats"]  # two warm-up and two timed runs of each step
+    assert stats["takes"] == 2 * (200 + 8) and stats["puts"] == 2 * 8
+    assert stats["commits"] == 2 and stats["read_only_steps"] == 4
     facts = json.loads((out / "xla_facts.json").read_text())
     # XLA's CPU runtime: one run id per execution, the scan's two sites in order, 20 trips.
     assert facts["run_id_per_execution"] is True
@@ -103,5 +107,11 @@ def test_smoke_gpu_pager_section_lowers_the_pager_steps_without_a_gpu(tmp_path):
     assert summary["sections"] == {"gpu_pager": "ok"}, summary
     rec = json.loads((out / "gpu_pager.json").read_text())
     assert rec["skipped"].startswith("no GPU (cpu)")
-    assert rec["lowering"]["operands"]["jaxoff_gpu_page_out"] == [2]
+    assert rec["lowering"]["operands"] == {
+        "jaxoff_pager_begin": [1, 1],  # a write step and a read step: the token each
+        "jaxoff_pager_take": [1],
+        "jaxoff_pager_out": [2],  # the tensor and the token
+        "jaxoff_pager_commit": [1, 1],
+    }
+    assert rec["lowering"]["attributes"]["jaxoff_pager_out"] == [["plan", "site", "table"]]
     assert rec["lowering"]["callbacks"] == 0

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from jaxoff.aio import PageStore, new_token
+from jaxoff.aio import PageStore
 from jaxoff.optim import NotElementwiseError, paged
-from jaxoff.optim.chunks import chunk_updater
+from jaxoff.optim.chunks import chunk_updater, fixed_names
 from jaxoff.strategies.fuyou import _layout as _fuyou
 
 CHUNK = 1 << 20  # 262144 float32 elements
@@ -47,17 +47,23 @@ def test_a_stacked_leaf_paged_a_layer_at_a_time_may_exceed_int32(tmp_path):
         updater.plan(stacked, parts=(1,))  # one part: the whole leaf
 
 
+class _NoPaging:
+    """A step recorder that fails any use: the refusal comes before the first paging call."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"update_leaf paged (StepRecorder.{name}) before refusing")
+
+
 def test_update_leaf_refuses_a_part_too_large_to_index(tmp_path):
     """A plan made for layer-sized parts does not let a whole stacked leaf through."""
     updater = chunk_updater(paged(optax.adamw(1e-3), str(tmp_path / "s"), chunk_bytes=CHUNK))
     shape = (128, 4096, 4096)
     plan = updater.plan({"w": jax.ShapeDtypeStruct(shape, jnp.bfloat16)}, parts=(128,))
     leaf = plan.leaves[0]
+    names = fixed_names([plan.entries[k].name for k in leaf.entries])
 
     def update(g, p):
-        return updater.update_leaf(
-            "unused", plan, leaf, g, p, [], [], [], jnp.int32(0), new_token()
-        )
+        return updater.update_leaf(_NoPaging(), plan, leaf, g, p, [], names)
 
     whole = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
     with pytest.raises(NotElementwiseError, match="2147483648 elements at a time"):

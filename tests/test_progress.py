@@ -94,16 +94,14 @@ class Clock:
         return self.now
 
 
-COUNTERS = dict(
+COUNTERS = dict(  # what jaxoff.aio.io_stats gives: the pager's and its engine's
     reads_in_flight=0,
     writes_in_flight=0,
-    tickets=0,
     read_bytes=0,
     write_bytes=0,
     take_wait_ns=0,
-    prefetch_wait_ns=0,
-    write_wait_ns=0,
-    flush_wait_ns=0,
+    put_wait_ns=0,
+    begin_wait_ns=0,
 )
 
 
@@ -126,16 +124,16 @@ def test_watchdog_says_what_a_stalled_step_waits_on():
     dog.check()  # once per step
     assert lines == [
         "step 6 has run 40s, 20x the median step (2.0s); waiting on paged reads (3 reads, "
-        "0 writes in flight; this step so far: take 5.0s, prefetch 0.0s, write-behind 0.0s, "
-        "flush 0.0s waited, 2000 MB read, 0 MB written)"
+        "0 writes in flight; this step so far: take 5.0s, write slots 0.0s, last commit 0.0s "
+        "waited, 2000 MB read, 0 MB written)"
     ]
-    counters.update(reads_in_flight=0, flush_wait_ns=30 * 10**9, take_wait_ns=40 * 10**9)
+    counters.update(reads_in_flight=0, begin_wait_ns=30 * 10**9, take_wait_ns=40 * 10**9)
     clock.now += 20.0
     dog.finished()
     assert lines[1] == (
         "step 6 took 1m00s, 30x the median step (2.0s); it waited on paged I/O (most: take) "
-        "(0 reads, 0 writes in flight; this step so far: take 40s, prefetch 0.0s, "
-        "write-behind 0.0s, flush 30s waited, 2000 MB read, 0 MB written)"
+        "(0 reads, 0 writes in flight; this step so far: take 40s, write slots 0.0s, "
+        "last commit 30s waited, 2000 MB read, 0 MB written)"
     )
     dog.started(7)  # the next normal step says nothing
     clock.now += 2.0
@@ -180,8 +178,8 @@ def test_slow_step_of_a_paged_run_is_reported(tiny_train_args, monkeypatch, caps
     assert [s for s, _ in found] == ["5"], err
     (line,) = [x for x in err.splitlines() if "step 5 took" in x]
     assert re.search(
-        r"in flight; this step so far: take \S+, prefetch \S+, write-behind \S+, "
-        r"flush \S+ waited, \d+ MB read, \d+ MB written\)$",
+        r"in flight; this step so far: take \S+, write slots \S+, last commit \S+ waited, "
+        r"\d+ MB read, \d+ MB written\)$",
         line,
     ), line
 

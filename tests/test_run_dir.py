@@ -85,7 +85,7 @@ def test_resume_rebuilds_a_damaged_store_of_a_moved_run(paged_reference, tmp_pat
 def test_disk_full_in_a_step_is_one_line_and_resume_is_exact(
     paged_reference, tmp_path, monkeypatch
 ):
-    from jaxoff.aio import PageStore, PageStoreFullError
+    from jaxoff.aio import PageStore, PageStoreFullError, _manifest
 
     ref_cfg, ref = paged_reference
     cfg = dataclasses.replace(ref_cfg, out_dir=tmp_path / "full")
@@ -93,20 +93,30 @@ def test_disk_full_in_a_step_is_one_line_and_resume_is_exact(
 
     def full_at_step_5(self, crcs=None, **kw):  # commit 1 is init's, k + 1 is step k's
         calls.append(1)
-        if len(calls) == 6:
+        if len(calls) != 6:
+            return commit(self, crcs, **kw)
+
+        def no_space(root, *args, **kwargs):  # the manifest's write, as a full disk fails it
             raise PageStoreFullError(
-                f"no space left on the disk of {self.root} for its manifest; free space",
-                path=self.root,
+                f"no space left on the disk of {root} for its manifest; free space",
+                path=root,
                 needed_bytes=4096,
                 errno=errno.ENOSPC,
             )
-        return commit(self, crcs, **kw)
+
+        # the store's own commit fails (and records its error, which the step's runtime
+        # error is then recognised by): the pager makes it on its thread, behind step 5
+        with monkeypatch.context() as inner:
+            inner.setattr(_manifest, "write", no_space)
+            return commit(self, crcs, **kw)
 
     with monkeypatch.context() as m:
         m.setattr(PageStore, "commit", full_at_step_5)
         with pytest.raises(JaxoffError) as e:
             train(cfg)
-    assert _one_line(e).startswith(f"step 5: no space left on the disk of {cfg.out_dir}")
+    # step 5 ran; its commit, made by the pager behind it, failed: step 6's page_begin
+    # raises that before it reads or writes a page, and the loop names the step it ran
+    assert _one_line(e).startswith(f"step 6: no space left on the disk of {cfg.out_dir}")
     resumed = train(dataclasses.replace(cfg, resume=True))
     assert resumed.first_step == 3
     assert [r["loss"] for r in read_metrics(cfg.out_dir / "metrics.jsonl")] == ref.losses

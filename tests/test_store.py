@@ -197,6 +197,29 @@ def test_versions_flip_between_slots(tmp_path):
     }
 
 
+def test_a_commit_of_writes_made_durable_elsewhere_syncs_no_page_file(tmp_path, monkeypatch):
+    """``commit(durable=True)``: the caller made the slot's writes durable (the pager syncs
+    what a step wrote before it commits it); the commit only writes the manifest. Without it
+    the commit syncs the slot."""
+    from jaxoff.aio import _pageio, _store_files
+
+    root = tmp_path / "s"
+    with PageStore.create(root, ENTRIES, chunk_bytes=KB4) as store:
+        syncs: list = []
+        monkeypatch.setattr(_pageio, "_syncfs", lambda: lambda fd: syncs.append(fd) or 0)
+        monkeypatch.setattr(_store_files, "fsync_file", syncs.append)
+        v1 = _write_all(store, seed=1)
+        assert store.commit(durable=True) == 1
+        assert syncs == []
+    with PageStore.open(root) as store:
+        assert store.version == 1 and store.verify() == store.layout.num_chunks
+        for n, a in v1.items():
+            assert _same_bits(store.read(n), a)
+        _write_all(store, seed=2)
+        assert store.commit() == 2
+        assert len(syncs) == 1  # one syncfs: the slot's files are on one filesystem
+
+
 def test_abort_and_reopen_discard_uncommitted_writes(tmp_path):
     root = tmp_path / "s"
     with PageStore.create(root, ENTRIES, chunk_bytes=KB4) as store:
@@ -223,7 +246,8 @@ def test_read_before_any_commit_says_so(tmp_path):
 
 
 def test_chunk_io_and_external_writes_via_tables(tmp_path):
-    """What the FFI page-out does: raw pwrite at table positions, then commit(crcs)."""
+    """What the pager does for a step: it writes chunks at the table's positions, then its
+    commit hands the store their crcs (PageStore.commit(crcs))."""
     with PageStore.create(tmp_path / "s", ENTRIES, chunk_bytes=KB4, dirs=["d0", "d1"]) as store:
         files = store.file_table()
         table = store.chunk_table(store.inactive_slot)

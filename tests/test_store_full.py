@@ -1,7 +1,8 @@
-"""A full disk or a file size limit under a paged optimizer: at a commit behind a jitted step
-(raised by the next step; the store's error is recovered from JAX's runtime error) and while
-writing a paged checkpoint (a one-line error, nothing left that looks saved). Real small
-filesystems (tmpfs), and RLIMIT_FSIZE in a child process."""
+"""A full disk or a file size limit under a paged optimizer: at the commit the pager makes
+behind a jitted step (its manifest), at a page write behind a step (raised by
+``PageTransaction.settle()`` or the next step's ``jaxoff_pager_begin``; the store's error is
+recovered from either), and while writing a paged checkpoint (a one-line error, nothing left
+that looks saved). Real small filesystems (tmpfs), and RLIMIT_FSIZE in a child process."""
 
 import doctest
 import errno
@@ -11,6 +12,7 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import optax
 import pytest
 
@@ -59,7 +61,7 @@ def _one_step(root):
     step = make_step(tx)
     params, state = step(mlp_params(), tx.init(mlp_params()), *batch(0))
     out = jax.block_until_ready((params, state))
-    tx.store.wait_committed()  # the step's commit runs behind it: durable before a disk fills
+    tx.store.wait_committed()  # the pager commits behind the step: durable before a disk fills
     return tx, step, out
 
 
@@ -67,8 +69,9 @@ def test_full_disk_at_commit_is_recoverable_from_the_runtime_error(small_fs):
     tx, step, (params, state) = _one_step(small_fs)
     version = tx.store.version
     filler = _fill(small_fs)
-    # a step's commit runs behind the caller (PageStore.commit(background=True)): the step
-    # returns, and the next one raises the commit's error before it reads or writes a page
+    # the pager commits a step (PageStore.commit of its manifest) on its thread once the
+    # step's writes are durable: the step returns, and the next one's page_begin raises the
+    # commit's error before it reads or writes a page
     params, state = jax.block_until_ready(step(params, state, *batch(1)))
     with pytest.raises(jax.errors.JaxRuntimeError) as info:
         jax.block_until_ready(step(params, state, *batch(2)))
@@ -87,13 +90,18 @@ def test_full_disk_at_commit_is_recoverable_from_the_runtime_error(small_fs):
         assert store.version == version and store.verify() > 0
 
 
+ENGINE_EFBIG = (
+    "write /d/s/data/opt.mu.w.B.page at offset 8192 (4096 bytes) failed: File too large "
+    "(EFBIG, errno 27): the file would exceed the maximum file size allowed for this process "
+    "(ulimit -f / RLIMIT_FSIZE) or filesystem; raise the limit or use smaller files "
+    "[engine.cc:302]"
+)
+
+
 def test_store_error_from_a_paging_call_that_hit_a_full_disk():
-    """The engine's own message (a page write inside an FFI call) becomes PageStoreFullError."""
-    wrapped = jax.errors.JaxRuntimeError(
-        "INTERNAL: jaxoff_page_flush: write /d/s/data/opt.mu.w.B.page at offset 8192 "
-        "(4096 bytes) failed: File too large (EFBIG, errno 27): the file would exceed the "
-        "maximum file size [engine.cc:280]"
-    )
+    """The engine's own message (a page write behind a step, reported by the next step's
+    page_begin) becomes PageStoreFullError."""
+    wrapped = jax.errors.JaxRuntimeError(f"RESOURCE_EXHAUSTED: jaxoff_pager_begin: {ENGINE_EFBIG}")
     err = store_error_from(wrapped)
     assert isinstance(err, PageStoreFullError) and err.errno == errno.EFBIG
     assert err.path == "/d/s/data/opt.mu.w.B.page" and err.needed_bytes == 4096
@@ -101,6 +109,72 @@ def test_store_error_from_a_paging_call_that_hit_a_full_disk():
     chained = RuntimeError("step 3 failed")
     chained.__cause__ = err
     assert store_error_from(chained) is err
+
+
+def test_store_error_from_what_settle_raised_for_a_full_disk():
+    """PageTransaction.settle() raises a PageStoreError with the engine's message: it is a
+    PageStoreFullError with the page file's path; another store error is itself."""
+    settled = PageStoreError(
+        f"page store /d/s: a step's write or commit failed: {ENGINE_EFBIG}; the store keeps "
+        "its last committed version"
+    )
+    err = store_error_from(settled)
+    assert isinstance(err, PageStoreFullError) and err.errno == errno.EFBIG
+    assert err.path == "/d/s/data/opt.mu.w.B.page" and err.needed_bytes == 4096
+    other = PageStoreError("page store /d/s: a step's write or commit failed: injected")
+    assert store_error_from(other) is other
+
+
+def test_full_disk_at_a_page_write_is_raised_by_settle_and_by_the_next_step(small_fs):
+    """Page files are allocated when the store is made; here the slot the next step writes
+    has lost its blocks (truncated) and the filesystem is full: the step's page writes fail
+    behind it. settle() raises that (the page file, ENOSPC), and so does the next step's
+    page_begin when nobody settled; the store keeps its version, and once space is back the
+    same state steps on."""
+    tx, step, (params, state) = _one_step(small_fs)
+    store, version = tx.store, tx.store.version
+    slot = store.inactive_slot
+    pages = [p for p in store.file_table() if p.endswith(f".{slot}.page")]
+    for p in pages:
+        os.truncate(p, 0)
+    keep = jax.tree.map(jnp.copy, (params, state))  # the step donates its inputs
+    filler = _fill(small_fs)
+
+    def copies():
+        return jax.tree.map(jnp.copy, keep)
+
+    def run_behind():  # the step returns; a write that failed before its commit call fails it
+        try:
+            jax.block_until_ready(step(*copies(), *batch(1)))
+        except jax.errors.JaxRuntimeError as e:
+            assert "not committed" in str(e)
+
+    run_behind()
+    with pytest.raises(PageStoreFullError) as info:
+        tx.pager.txn.settle()
+    err = info.value
+    assert store_error_from(err) is err and err.errno == errno.ENOSPC
+    assert err.path in pages and err.needed_bytes > 0
+    assert f"page file {err.path}: write of" in str(err) and "(ENOSPC)" in str(err)
+    assert "last committed version is intact" in str(err)
+    assert store.version == version
+
+    run_behind()
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:  # not settled: the next step
+        jax.block_until_ready(step(*copies(), *batch(1)))
+    assert "jaxoff_pager_begin: write " in str(info.value)
+    err = store_error_from(info.value)
+    assert isinstance(err, PageStoreFullError) and err.errno == errno.ENOSPC
+    assert err.path in pages
+    assert store.version == version
+
+    filler.unlink()
+    new_params, new_state = step(*copies(), *batch(1))
+    tx.pager.txn.settle()
+    assert store.version == int(new_state.version) == version + 1
+    tx.close()
+    with PageStore.open(small_fs / "s") as reopened:
+        assert reopened.version == version + 1 and reopened.verify() > 0
 
 
 def test_store_error_from_docstring_runs():

@@ -10,10 +10,11 @@ them all, with the commit, the device, the driver and the versions):
   pcie        PCIe through XLA's own transfers: a pinned_host array to the device and back,
               three times each, and both directions at once (GB/s). The bound every later
               figure is compared with.
-  handlers    today's paging calls: a lax.scan of page_prefetch + page_take of 4 KiB (us a
-              call), the same at 16 MiB (GB/s), and write-behind page_out at 16 MiB (GB/s).
-  gpu_pager   the GPU pager's own calls (jaxoff_gpu_page_begin/_take/_out/_commit, which never
-              wait for the GPU): a step of page_out of 32 chunks of 16 MiB, then a step taking
+  handlers    the pager's calls on the device JAX has: a lax.scan of page_take of 4 KiB (us
+              a call), the same at 16 MiB (GB/s), and page_out of 16 MiB chunks with the writes
+              behind the step (GB/s, until Pager.settle: durable and committed).
+  gpu_pager   the CUDA pager's calls (jaxoff_pager_begin/_take/_out/_commit, which never wait
+              for the GPU): a step of page_out of 32 chunks of 16 MiB, then a step taking
               them back, checked bitwise, with host and device time and the pager's counters.
               Without a GPU (--smoke) it only lowers the two steps for CUDA and counts their
               calls and operands.
@@ -160,81 +161,93 @@ def pcie(a, dev) -> dict:
     }
 
 
-# ---- today's handlers -------------------------------------------------------------------
+# ---- the pager's calls, on whatever device JAX has --------------------------------------
 
 
 def handlers(a, dev, store: str) -> dict:
+    """The pager's calls on one file (no checksums: the bytes are zeros): a step taking 4 KiB
+    chunks from one site in a scan (us a call), the same with large chunks (GB/s), and a
+    step putting large chunks, its writes behind it (dispatch time, and the time until its
+    writes are durable and committed: `Pager.settle`)."""
     import jax
     import jax.numpy as jnp
 
-    from jaxoff.aio import (
-        EngineConfig,
-        encode_offsets,
-        flush_file_table,
-        new_token,
+    from jaxoff.aio import EngineConfig, register_file_table, unregister_file_table
+    from jaxoff.aio._pager import (
+        Pager,
+        PagerConfig,
+        owner_name,
+        page_begin,
+        page_commit,
         page_out,
-        page_prefetch,
         page_take,
-        register_file_table,
-        unregister_file_table,
     )
 
     big = (1 * MIB) if a.smoke else (16 * MIB)
     small_calls, big_calls = (200, 8) if a.smoke else (2000, 32)
-    slots = 8
+    slots = 8  # read offsets cycle over the first `slots` places of the file
     path = os.path.join(store, "handlers.pages")
     with open(path, "wb") as f:
-        f.truncate(slots * big)
-    config = EngineConfig()
-    register_file_table("probe", [path], config=config)
-    rec = {"engine": config.as_kwargs(), "store": store}
+        f.truncate(max(slots, big_calls) * big)
+    engine = EngineConfig()
+    table = owner_name("probe")
+    registration = register_file_table(table, [path], config=engine)
+    rec = {"engine": engine.as_kwargs(), "store": store}
+    pager = None
     try:
-        for label, size, calls in (("take_4k", 4096, small_calls), ("take_big", big, big_calls)):
-            offs = jnp.asarray(encode_offsets([(i % slots) * big for i in range(calls)]))
-            shape = (size // 4,)
+        with jax.default_device(dev):
+            config = PagerConfig(slot_bytes=big, arena_slots=8, write_slots=8)
+            pager = Pager(table, version=0, crcs=[], commit=lambda v, rows: None, config=config)
+            rec["platform"] = pager.platform
+            for plan, (label, size, calls) in enumerate(
+                (("take_4k", 4096, small_calls), ("take_big", big, big_calls)), start=1
+            ):
+                reads = [(0, 0, (i % slots) * big, size) for i in range(calls)]
+                pager.register_plan(plan, (reads, []), (reads, []))
+                shape = (size // 4,)
+
+                @jax.jit
+                def step(version, plan=plan, shape=shape, calls=calls):
+                    tok = page_begin(table, plan, version)
+
+                    def body(carry, _):
+                        tok, acc = carry
+                        x, tok = page_take(table, plan, 0, tok, shape=shape, dtype=jnp.float32)
+                        return (tok, acc + x[0]), None
+
+                    (tok, acc), _ = jax.lax.scan(body, (tok, jnp.float32(0)), None, length=calls)
+                    return page_commit(table, plan, tok), acc
+
+                version = jnp.int32(pager.stats()["version"])  # a read-only step keeps it
+                jax.block_until_ready(step(version))  # compile and warm
+                t = time.perf_counter()
+                jax.block_until_ready(step(version))
+                s = time.perf_counter() - t
+                rec[label] = {
+                    "bytes": size,
+                    "calls": calls,
+                    "s": s,
+                    "us_per_call": round(s / calls * 1e6, 2),
+                    "gb_s": round(size * calls / s / 1e9, 3),
+                }
+            writes = [(0, 0, i * big, big) for i in range(big_calls)]
+            pager.register_plan(3, ([], writes), ([], writes))
 
             @jax.jit
-            def reads(offs, shape=shape):
-                def body(carry, off):
-                    tok, acc = carry
-                    t = page_prefetch(
-                        "probe", 0, off, 0, tok, shape=shape, dtype=jnp.float32, verify=False
-                    )
-                    x, tok = page_take("probe", t, tok, shape=shape, dtype=jnp.float32)
-                    return (tok, acc + x[0]), None
+            def put_step(version, x):
+                def body(tok, _):
+                    return page_out(table, 3, 0, x, tok), None
 
-                return jax.lax.scan(body, (new_token(), jnp.float32(0)), offs)[0]
+                tok = jax.lax.scan(body, page_begin(table, 3, version), None, length=big_calls)[0]
+                return page_commit(table, 3, tok)
 
-            with jax.default_device(dev):
-                jax.block_until_ready(reads(offs))  # compile and warm
-                t = time.perf_counter()
-                jax.block_until_ready(reads(offs))
-                s = time.perf_counter() - t
-            rec[label] = {
-                "bytes": size,
-                "calls": calls,
-                "s": s,
-                "us_per_call": round(s / calls * 1e6, 2),
-                "gb_s": round(size * calls / s / 1e9, 3),
-            }
-        offs = jnp.asarray(encode_offsets([(i % slots) * big for i in range(big_calls)]))
-
-        @jax.jit
-        def writes(x, offs):
-            def body(tok, off):
-                _, tok = page_out("probe", 0, off, x, tok, write_behind=True)
-                return tok, None
-
-            return jax.lax.scan(body, new_token(), offs)[0]
-
-        with jax.default_device(dev):
             x = jnp.ones((big // 4,), jnp.float32)
-            jax.block_until_ready(writes(x, offs))
-            flush_file_table("probe")
+            jax.block_until_ready(put_step(jnp.int32(pager.stats()["version"]), x))
+            pager.settle()
             t = time.perf_counter()
-            jax.block_until_ready(writes(x, offs))
+            jax.block_until_ready(put_step(jnp.int32(pager.stats()["version"]), x))
             enq = time.perf_counter() - t
-            flush_file_table("probe")
+            pager.settle()
             s = time.perf_counter() - t
         rec["write_behind_big"] = {
             "bytes": big,
@@ -243,8 +256,11 @@ def handlers(a, dev, store: str) -> dict:
             "with_flush_s": s,
             "gb_s": round(big * big_calls / s / 1e9, 3),
         }
+        rec["stats"] = pager.stats()
     finally:
-        unregister_file_table("probe")
+        if pager is not None:
+            pager.close()
+        unregister_file_table(table, registration)
         os.unlink(path)
     return rec
 
@@ -252,47 +268,42 @@ def handlers(a, dev, store: str) -> dict:
 # ---- the GPU pager's calls --------------------------------------------------------------
 
 PAGER_TARGETS = (
-    "jaxoff_gpu_page_begin",
-    "jaxoff_gpu_page_take",
-    "jaxoff_gpu_page_out",
-    "jaxoff_gpu_page_commit",
+    "jaxoff_pager_begin",
+    "jaxoff_pager_take",
+    "jaxoff_pager_out",
+    "jaxoff_pager_commit",
 )
 
 
 def pager_steps(table: str, elems: int, n: int, write_plan: int = 1, read_plan: int = 2):
-    """Two jitted steps on the GPU pager's targets: ``write(xs)`` puts the ``n`` rows of
-    ``xs`` (float32[n, elems]) from one site inside a scan, ``read()`` takes ``n`` such chunks
-    back from one site. Which chunk each call moves is the registered plan's business: the
-    calls carry only attributes and a token."""
+    """Two jitted steps on the pager's targets (``jaxoff.aio._pager.page_*``): ``write(version,
+    xs)`` puts the ``n`` rows of ``xs`` (float32[n, elems]) from one site inside a scan,
+    ``read(version)`` takes ``n`` such chunks back from one site. Which chunk each call moves
+    is the registered plan's business: the calls carry only attributes and a token (the
+    begin's: the store version the step reads)."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
-    tok = jax.ShapeDtypeStruct((), jnp.int32)
+    from jaxoff.aio._pager import page_begin, page_commit, page_out, page_take
 
-    def call(name, results, *args, **attrs):
-        attrs = {k: np.int64(v) for k, v in attrs.items()}
-        return jax.ffi.ffi_call(name, results, has_side_effect=True)(*args, table=table, **attrs)
-
-    def write(xs):
-        t = call("jaxoff_gpu_page_begin", tok, jnp.zeros((), jnp.int32), plan=write_plan)
+    def write(version, xs):
+        t = page_begin(table, write_plan, version)
 
         def body(t, x):
-            return call("jaxoff_gpu_page_out", tok, x, t, plan=write_plan, site=0), None
+            return page_out(table, write_plan, 0, x, t), None
 
         t = jax.lax.scan(body, t, xs)[0]
-        return call("jaxoff_gpu_page_commit", tok, t, plan=write_plan)
+        return page_commit(table, write_plan, t)
 
-    def read():
-        t = call("jaxoff_gpu_page_begin", tok, jnp.zeros((), jnp.int32), plan=read_plan)
-        chunk = jax.ShapeDtypeStruct((elems,), jnp.float32)
+    def read(version):
+        t = page_begin(table, read_plan, version)
 
         def body(t, _):
-            y, t = call("jaxoff_gpu_page_take", (chunk, tok), t, plan=read_plan, site=0)
+            y, t = page_take(table, read_plan, 0, t, shape=(elems,), dtype=jnp.float32)
             return t, y
 
         t, ys = jax.lax.scan(body, t, None, length=n)
-        return ys, call("jaxoff_gpu_page_commit", tok, t, plan=read_plan)
+        return ys, page_commit(table, read_plan, t)
 
     return jax.jit(write), jax.jit(read)
 
@@ -308,8 +319,12 @@ def pager_lowering(elems: int = 1024, n: int = 4) -> dict:
 
     write, read = pager_steps("lowering", elems, n)
     checks = [export.DisabledSafetyCheck.custom_call(t) for t in PAGER_TARGETS]
+    version = jax.ShapeDtypeStruct((), jnp.int32)
     text = ""
-    for fn, args in ((write, (jax.ShapeDtypeStruct((n, elems), jnp.float32),)), (read, ())):
+    for fn, args in (
+        (write, (version, jax.ShapeDtypeStruct((n, elems), jnp.float32))),
+        (read, (version,)),
+    ):
         text += export.export(fn, platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
     calls: dict = {t: [] for t in PAGER_TARGETS}
     attrs: dict = {t: set() for t in PAGER_TARGETS}
@@ -328,73 +343,67 @@ def pager_lowering(elems: int = 1024, n: int = 4) -> dict:
 
 def gpu_pager(a, dev, store: str) -> dict:
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
-    from jaxoff import _ffi
-    from jaxoff.aio import (
-        EngineConfig,
-        _cuda,
-        _ffi_calls,
-        register_file_table,
-        unregister_file_table,
-    )
+    from jaxoff.aio import EngineConfig, register_file_table, unregister_file_table
+    from jaxoff.aio._pager import Pager, PagerConfig, owner_name
 
     rec: dict = {"lowering": pager_lowering()}
     if dev.platform != "gpu":
         rec["skipped"] = f"no GPU ({dev.platform}): the pager's calls run only on CUDA"
         return rec
-    mod = _cuda.module()
-    if mod is None:
-        raise RuntimeError(_cuda.missing_reason())
-    _ffi_calls.register_targets()
-    mod.bind_host_api(_ffi.host_paging_api())
-    for name, reg in mod.pager_state_types().items():
-        jax.ffi.register_ffi_type(name, reg, platform="CUDA")
-    for name, stages in mod.pager_registrations().items():
-        jax.ffi.register_ffi_target(name, stages, platform="CUDA")
     size = (1 if a.smoke else 16) * MIB
     n = 8 if a.smoke else 32
-    table = "gpu_pager_probe"
+    table = owner_name("gpu_pager_probe")
     path = os.path.join(store, "gpu_pager.pages")
     with open(path, "wb") as f:
         f.truncate(n * size)
     reg = register_file_table(table, [path], config=EngineConfig())
+    pager = None
     try:
-        device = getattr(dev, "local_hardware_id", None)
-        device = dev.id if device is None else device
-        knobs = dict(slot_bytes=size, arena_slots=8, ring_slots=4, write_slots=4, io_threads=8)
-        mod.pager_open(table, device=device, **knobs)
-        rec["pager"] = knobs
-        refs = [(0, 0, i * size, size) for i in range(n)]
-        mod.pager_plan(table, 1, [], refs)
-        mod.pager_plan(table, 2, refs, [])
-        write, read = pager_steps(table, size // 4, n)
-        xs = jax.device_put(np.arange(n * (size // 4), dtype=np.float32).reshape(n, -1), dev)
-        jax.block_until_ready(xs)
-        jax.block_until_ready(write(xs))  # compiles; the first write step
-        jax.block_until_ready(read())  # compiles; reads it back
-        for rnd in range(2):
-            t = time.perf_counter()
-            tok = write(xs)
-            w_host = time.perf_counter() - t  # dispatch: the handlers enqueue and return
-            jax.block_until_ready(tok)
-            w_dev = time.perf_counter() - t
-            t = time.perf_counter()
-            ys, tok = read()  # its begin waits for the write step's disk writes and commit
-            jax.block_until_ready((ys, tok))
-            r_s = time.perf_counter() - t
-            rec[f"round{rnd}"] = {
-                "write_dispatch_s": round(w_host, 6),
-                "write_done_s": round(w_dev, 6),
-                "read_s": round(r_s, 6),
-                "read_gb_s": round(n * size / r_s / 1e9, 3),
-                "write_gb_s": round(n * size / w_dev / 1e9, 3),
-            }
-        rec["bitwise"] = bool((np.asarray(ys) == np.asarray(xs)).all())
-        rec["bytes"] = n * size
-        rec["stats"] = mod.pager_stats(table)
+        with jax.default_device(dev):
+            knobs = dict(slot_bytes=size, arena_slots=8, ring_slots=4, write_slots=4, io_threads=8)
+            pager = Pager(table, version=0, crcs=[], commit=lambda version, rows: None,
+                          config=PagerConfig(**knobs))  # fmt: skip
+            if pager.platform != "cuda":
+                raise RuntimeError(f"the pager on {dev} is {pager.platform}'s, not CUDA's")
+            rec["pager"] = knobs
+            refs = [(0, 0, i * size, size) for i in range(n)]
+            pager.register_plan(1, ([], refs), ([], refs))
+            pager.register_plan(2, (refs, []), (refs, []))
+            write, read = pager_steps(table, size // 4, n)
+            xs = jax.device_put(np.arange(n * (size // 4), dtype=np.float32).reshape(n, -1), dev)
+            jax.block_until_ready(xs)
+            version = 0
+            jax.block_until_ready(write(jnp.int32(version), xs))  # compiles; the first write
+            version += 1  # (its commit: read's begin waits for it)
+            jax.block_until_ready(read(jnp.int32(version)))  # compiles; reads it back
+            for rnd in range(2):
+                t = time.perf_counter()
+                tok = write(jnp.int32(version), xs)
+                w_host = time.perf_counter() - t  # dispatch: the handlers enqueue and return
+                jax.block_until_ready(tok)
+                w_dev = time.perf_counter() - t
+                version += 1
+                t = time.perf_counter()
+                ys, tok = read(jnp.int32(version))  # its begin waits for the write's commit
+                jax.block_until_ready((ys, tok))
+                r_s = time.perf_counter() - t
+                rec[f"round{rnd}"] = {
+                    "write_dispatch_s": round(w_host, 6),
+                    "write_done_s": round(w_dev, 6),
+                    "read_s": round(r_s, 6),
+                    "read_gb_s": round(n * size / r_s / 1e9, 3),
+                    "write_gb_s": round(n * size / w_dev / 1e9, 3),
+                }
+            pager.settle()
+            rec["bitwise"] = bool((np.asarray(ys) == np.asarray(xs)).all())
+            rec["bytes"] = n * size
+            rec["stats"] = pager.stats()
     finally:
-        mod.pager_close(table)
+        if pager is not None:
+            pager.close()
         unregister_file_table(table, reg)
         os.unlink(path)
     return rec

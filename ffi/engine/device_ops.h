@@ -2,10 +2,11 @@
 // The device operations a GPU pager needs, behind one small interface: streams, events,
 // asynchronous copies, host functions on a stream, pinned host and device memory.
 //
-// Two implementations: CudaDeviceOps (ffi/src/cuda_device_ops.cc, the CUDA runtime, built only
-// when a CUDA toolkit is found) and SimDeviceOps (sim_device_ops.h, CPU threads), so that the
-// pager's ordering, backpressure, error and deadlock rules are tested on a machine without a
-// GPU, under ThreadSanitizer too.
+// Three implementations: CudaDeviceOps (ffi/src/cuda_device_ops.cc, the CUDA runtime, built
+// only when a CUDA toolkit is found); SimDeviceOps (sim_device_ops.h, CPU threads), so that
+// the pager's ordering, backpressure, error and deadlock rules are tested on a machine without
+// a GPU, under ThreadSanitizer too; and HostDeviceOps (host_device_ops.h), where the "device"
+// is host memory and every call completes inline, so the same pager runs under XLA:CPU.
 //
 // Semantics are CUDA's:
 // - Work enqueued on one stream runs in order; different streams run concurrently.
@@ -55,6 +56,9 @@ class DeviceOps {
   virtual bool EventDone(Event event) = 0;
   virtual void CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
                          Stream stream) = 0;
+  // Sets `bytes` bytes at `dst` (device memory) to `value`, ordered on `stream` (the FFI
+  // handlers fill their output tokens with it).
+  virtual void MemsetAsync(void* dst, int value, size_t bytes, Stream stream) = 0;
   virtual void LaunchHostFunc(Stream stream, std::function<void()> fn) = 0;
   // Teardown and tests only: blocks until everything enqueued on `stream` has run.
   virtual void SynchronizeStream(Stream stream) = 0;
@@ -64,6 +68,12 @@ class DeviceOps {
   virtual void FreePinned(void* ptr) = 0;
   virtual void* AllocDevice(size_t bytes) = 0;
   virtual void FreeDevice(void* ptr) = 0;
+
+  // True when device memory IS host memory and every call has completed when it returns
+  // (HostDeviceOps): a copy between "host" and "device" is then pointless, and a host
+  // function has run before LaunchHostFunc returns (so it must not take a lock its caller
+  // holds).
+  virtual bool host_memory() const { return false; }
 };
 
 }  // namespace jaxoff::aio

@@ -4,8 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <map>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "aligned_buffer.h"
 #include "error.h"
@@ -85,9 +89,33 @@ Extent File::Map(uint64_t offset, size_t max_len, bool aligned) const {
                 static_cast<size_t>(std::min<uint64_t>(room, max_len)), &paths_[k]};
 }
 
+namespace {
+std::atomic<uint64_t> g_file_syncs{0};
+}  // namespace
+
+uint64_t FileSyncCount() { return g_file_syncs.load(std::memory_order_relaxed); }
+
 void File::Sync() const {
+  g_file_syncs.fetch_add(1, std::memory_order_relaxed);
   for (const auto& f : buffered_) {
     if (::fsync(f.fd()) != 0) throw JAXOFF_IO_ERROR("fsync", f.path(), 0, -1, errno);
+  }
+}
+
+void SyncFiles(const std::vector<const File*>& files) {
+  g_file_syncs.fetch_add(files.size(), std::memory_order_relaxed);
+  std::map<dev_t, std::pair<int, std::string>> one_per_fs;  // device -> (fd, path)
+  for (const File* f : files) {
+    for (const auto& h : f->buffered_) {
+      struct stat st;
+      if (::fstat(h.fd(), &st) != 0) throw JAXOFF_IO_ERROR("fstat", h.path(), 0, -1, errno);
+      one_per_fs.emplace(st.st_dev, std::make_pair(h.fd(), h.path()));
+    }
+  }
+  for (const auto& [dev, fd_path] : one_per_fs) {
+    if (::syncfs(fd_path.first) != 0) {
+      throw JAXOFF_IO_ERROR("syncfs of the filesystem of", fd_path.second, 0, -1, errno);
+    }
   }
 }
 

@@ -49,6 +49,9 @@ struct Extent {
 // A logical file: one path, or `paths.size()` stripes of `stripe_bytes` placed round-robin
 // (stripe k of the logical file is chunk k / n of paths[k % n]). Each stripe keeps an O_DIRECT
 // descriptor and a buffered one; requests that are not 4 KiB aligned use the buffered one.
+class File;
+void SyncFiles(const std::vector<const File*>& files);
+
 class File {
  public:
   File(std::vector<std::string> paths, bool writable, bool create, bool o_direct,
@@ -64,14 +67,26 @@ class File {
   bool has_direct() const { return !direct_.empty() && direct_.front().direct(); }
   // Logical size: sum over stripes (exact for files written through this class).
   uint64_t Size() const;
-  // fsync of every stripe (throws IoError naming the path and errno).
+  // fsync of every stripe (throws IoError naming the path and errno). Counted by
+  // FileSyncCount().
   void Sync() const;
 
  private:
+  friend void SyncFiles(const std::vector<const File*>& files);
   std::vector<std::string> paths_;
   uint64_t stripe_bytes_;
   std::vector<FileHandle> direct_;    // empty when O_DIRECT is off
   std::vector<FileHandle> buffered_;
 };
+
+// Makes every file of `files` durable: one syncfs(2) per filesystem holding them (it flushes
+// the data, the metadata and the device's cache for all at once, where an fsync of each would
+// flush the device's cache once a file), counted as one sync of each file by FileSyncCount().
+// Throws IoError naming a path of the filesystem and errno.
+void SyncFiles(const std::vector<const File*>& files);
+
+// Files made durable in this process so far (File::Sync calls and the files of SyncFiles),
+// failed ones included: a test hook (a commit must have made its step's files durable).
+uint64_t FileSyncCount();
 
 }  // namespace jaxoff::aio

@@ -108,27 +108,39 @@ bool SimDeviceOps::EventDone(Event event) {
   return e->completed >= e->recorded;
 }
 
+void SimDeviceOps::Start(const Access& mine) {
+  for (const Access& a : active_) {
+    if (a.begin < mine.end && mine.begin < a.end && (a.write || mine.write)) {
+      if (stats_.hazards++ == 0) {
+        std::ostringstream os;
+        os << mine.what << " (" << (mine.end - mine.begin) << " bytes) "
+           << (mine.write ? "writes" : "reads") << " bytes while " << a.what << " "
+           << (a.write ? "writes" : "reads") << " them";
+        first_hazard_ = os.str();
+      }
+    }
+  }
+  active_.push_back(mine);
+}
+
+void SimDeviceOps::Finish(const Access& mine) {
+  auto it = std::find_if(active_.begin(), active_.end(), [&](const Access& a) {
+    return a.begin == mine.begin && a.end == mine.end && a.write == mine.write &&
+           a.stream == mine.stream;
+  });
+  if (it != active_.end()) active_.erase(it);
+}
+
 void SimDeviceOps::RunCopy(void* dst, const void* src, size_t bytes, CopyKind kind,
                            const SimStream* s) {
   const char* d = static_cast<const char*>(dst);
   const char* r = static_cast<const char*>(src);
-  const Access mine[2] = {{d, d + bytes, true, s}, {r, r + bytes, false, s}};
+  static const char* const kWhat[3] = {"H2D copy", "D2H copy", "D2D copy"};
+  const char* what = kWhat[static_cast<int>(kind)];
+  const Access mine[2] = {{d, d + bytes, true, s, what}, {r, r + bytes, false, s, what}};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Access& a : active_) {
-      for (const Access& m : mine) {
-        if (a.begin < m.end && m.begin < a.end && (a.write || m.write)) {
-          if (stats_.hazards++ == 0) {
-            std::ostringstream os;
-            os << CopyKindName(kind) << " of " << bytes << " bytes " << (m.write ? "writes" : "reads")
-               << " bytes another copy in flight " << (a.write ? "writes" : "reads");
-            first_hazard_ = os.str();
-          }
-        }
-      }
-    }
-    active_.push_back(mine[0]);
-    active_.push_back(mine[1]);
+    for (const Access& m : mine) Start(m);
   }
   const auto delay = kind == CopyKind::kHostToDevice   ? delays_.h2d
                      : kind == CopyKind::kDeviceToHost ? delays_.d2h
@@ -136,12 +148,7 @@ void SimDeviceOps::RunCopy(void* dst, const void* src, size_t bytes, CopyKind ki
   if (delay.count() > 0) std::this_thread::sleep_for(delay);
   std::memmove(dst, src, bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  for (const Access& m : mine) {
-    auto it = std::find_if(active_.begin(), active_.end(), [&](const Access& a) {
-      return a.begin == m.begin && a.end == m.end && a.write == m.write && a.stream == m.stream;
-    });
-    if (it != active_.end()) active_.erase(it);
-  }
+  for (const Access& m : mine) Finish(m);
   const int k = static_cast<int>(kind);
   ++stats_.copies[k];
   stats_.bytes[k] += bytes;
@@ -151,6 +158,33 @@ void SimDeviceOps::CopyAsync(void* dst, const void* src, size_t bytes, CopyKind 
                              Stream stream) {
   const auto* s = static_cast<const SimStream*>(stream);
   Enqueue(stream, [=, this] { RunCopy(dst, src, bytes, kind, s); });
+}
+
+void SimDeviceOps::MemsetAsync(void* dst, int value, size_t bytes, Stream stream) {
+  const auto* s = static_cast<const SimStream*>(stream);
+  Enqueue(stream, [=, this] {
+    const char* d = static_cast<const char*>(dst);
+    const Access mine{d, d + bytes, true, s, "memset"};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Start(mine);
+    }
+    std::memset(dst, value, bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    Finish(mine);
+  });
+}
+
+void SimDeviceOps::BeginHostAccess(const void* p, size_t n, bool write, const char* what) {
+  const char* b = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  Start({b, b + n, write, nullptr, what});
+}
+
+void SimDeviceOps::EndHostAccess(const void* p, size_t n, bool write) {
+  const char* b = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  Finish({b, b + n, write, nullptr, ""});
 }
 
 void SimDeviceOps::LaunchHostFunc(Stream stream, std::function<void()> fn) {

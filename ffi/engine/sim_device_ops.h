@@ -7,8 +7,13 @@
 //
 // It also checks what a GPU would not: two copies in flight at once that touch overlapping
 // bytes, one of them writing, are a hazard (a take reading a ring slot its H2D copy still
-// fills, a slot refilled while its D2H copy still reads it). Hazards are counted, and the
-// first is described, so a test asserts there were none.
+// fills, a slot refilled while its D2H copy still reads it). The host side touches pinned
+// memory too (a disk read fills an arena slot, a disk write reads a write slot): it declares
+// it with BeginHostAccess / EndHostAccess (or a HostAccess guard), and a host access that
+// overlaps a copy in flight, one of them writing, is a hazard whichever started first (an
+// arena slot refilled while its H2D copy still reads it, a write slot's disk write reading
+// bytes its D2H copy still fills). Hazards are counted, and the first is described, so a test
+// asserts there were none.
 
 #include <chrono>
 #include <condition_variable>
@@ -49,6 +54,33 @@ class SimDeviceOps final : public DeviceOps {
   SimStats Stats() const;
   std::string FirstHazard() const;
 
+  // The host is about to touch [p, p + n) (`write`: it writes it) until the matching
+  // EndHostAccess with the same arguments; `what` names the access in a hazard's description.
+  // Overlaps with copies in flight, and with other host accesses, one of them writing, are
+  // hazards.
+  void BeginHostAccess(const void* p, size_t n, bool write, const char* what = "host access");
+  void EndHostAccess(const void* p, size_t n, bool write);
+  // Declares a host access for its lifetime; a null `ops` declares nothing.
+  class HostAccess {
+   public:
+    HostAccess(SimDeviceOps* ops, const void* p, size_t n, bool write,
+               const char* what = "host access")
+        : ops_(ops), p_(p), n_(n), write_(write) {
+      if (ops_ != nullptr) ops_->BeginHostAccess(p_, n_, write_, what);
+    }
+    ~HostAccess() {
+      if (ops_ != nullptr) ops_->EndHostAccess(p_, n_, write_);
+    }
+    HostAccess(const HostAccess&) = delete;
+    HostAccess& operator=(const HostAccess&) = delete;
+
+   private:
+    SimDeviceOps* ops_;
+    const void* p_;
+    size_t n_;
+    bool write_;
+  };
+
   const char* name() const override { return "sim"; }
   Stream CreateStream() override;
   void DestroyStream(Stream stream) override;
@@ -59,6 +91,7 @@ class SimDeviceOps final : public DeviceOps {
   bool EventDone(Event event) override;
   void CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
                  Stream stream) override;
+  void MemsetAsync(void* dst, int value, size_t bytes, Stream stream) override;
   void LaunchHostFunc(Stream stream, std::function<void()> fn) override;
   void SynchronizeStream(Stream stream) override;
   void* AllocPinned(size_t bytes) override;
@@ -76,12 +109,18 @@ class SimDeviceOps final : public DeviceOps {
     const char* begin;
     const char* end;
     bool write;
-    const SimStream* stream;
+    const SimStream* stream;  // nullptr: a host access
+    const char* what;         // "H2D", "memset", "disk read into an arena slot", ...
   };
 
   void Enqueue(Stream stream, std::function<void()> op);
   void Run(SimStream* s);
   void RunCopy(void* dst, const void* src, size_t bytes, CopyKind kind, const SimStream* s);
+  // Under mu_: counts (and describes the first) hazard between `mine` and the accesses in
+  // flight, then adds `mine` to them.
+  void Start(const Access& mine);
+  // Under mu_: removes one access equal to `mine`.
+  void Finish(const Access& mine);
 
   const SimDelays delays_;
   mutable std::mutex mu_;

@@ -77,6 +77,11 @@ class CudaDeviceOps final : public DeviceOps {
     Check(cudaMemcpyAsync(dst, src, bytes, ToCuda(kind), static_cast<cudaStream_t>(stream)),
           "cudaMemcpyAsync");
   }
+  void MemsetAsync(void* dst, int value, size_t bytes, Stream stream) override {
+    Use();
+    Check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)),
+          "cudaMemsetAsync");
+  }
   void LaunchHostFunc(Stream stream, std::function<void()> fn) override {
     Use();
     auto* heap = new std::function<void()>(std::move(fn));

@@ -27,7 +27,6 @@ void RegisterFileTable(const std::string& name, const std::vector<std::vector<st
     table->files.push_back(std::make_shared<aio::File>(paths, /*writable=*/true, /*create=*/true,
                                                        config.o_direct, stripe_bytes));
   }
-  table->staged = std::make_shared<aio::StagedIo>(table->engine, config.pool_bytes);
   std::lock_guard<std::mutex> lk(Mutex());
   Tables()[name] = std::move(table);
 }
@@ -41,8 +40,6 @@ bool UnregisterFileTable(const std::string& name) {
     table = std::move(it->second);
     Tables().erase(it);
   }
-  // Executables may keep the table alive: its untaken prefetch tickets go now, not with them.
-  table->staged->Drain();
   return true;
 }
 

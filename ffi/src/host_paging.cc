@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
-#include <sstream>
 #include <string>
 
+#include "error.h"
 #include "file_table.h"
 
 namespace jaxoff::host_api {
@@ -17,16 +17,11 @@ struct Handle {
   std::shared_ptr<FileTable> table;
 };
 
-int Fail(Status* st, int code, const std::string& message) {
+int Fail(Status* st, int code, const std::string& message, int err = 0) {
   st->code = code;
+  st->err = err;
   std::snprintf(st->message, sizeof(st->message), "%s", message.c_str());
   return code;
-}
-
-std::string Hex(uint32_t v) {
-  std::ostringstream os;
-  os << "0x" << std::hex << v;
-  return os.str();
 }
 
 FileTable& TableOf(void* h) { return *static_cast<Handle*>(h)->table; }
@@ -52,8 +47,8 @@ void* Acquire(const char* who, const char* name, Status* st) {
     if (!found) {
       Fail(st, kFailedPrecondition,
            std::string(who) + ": file table '" + name +
-               "' is not registered; call jaxoff.aio.register_file_table(...) (the PageStore "
-               "does) before running the program");
+               "' is not registered; call jaxoff.aio.register_file_table(...) (the page "
+               "store's owner does) first");
       return nullptr;
     }
     return new Handle{std::move(found)};
@@ -65,51 +60,19 @@ void* Acquire(const char* who, const char* name, Status* st) {
 
 void Release(void* h) { delete static_cast<Handle*>(h); }
 
-int Read(const char* who, void* h, int64_t file_id, int64_t offset, void* dst, size_t size,
-         bool verify, uint32_t expected_crc, Status* st) {
+int Transfer(bool read, const char* who, void* h, int64_t file_id, int64_t offset, void* dst,
+             const void* src, size_t size, uint32_t* crc, Status* st) {
   try {
     FileTable& table = TableOf(h);
     std::shared_ptr<const aio::File> file;
     if (Locate(who, table, file_id, offset, &file, st) != kOk) return st->code;
-    const auto off = static_cast<uint64_t>(offset);
-    // Read-after-write: a write-behind write of these bytes ordered before us must land first.
-    table.staged->WaitForOverlaps(file.get(), off, size, false);
-    aio::IoOptions options;
-    options.crc32c = verify;
-    auto done = table.engine->Read(file, off, dst, size, options);
-    const aio::IoStatus& s = done->Wait();
-    if (!s.ok()) return Fail(st, kInternal, std::string(who) + ": " + s.message);
-    if (verify && s.crc32c != expected_crc) {
-      return Fail(st, kDataLoss,
-                  std::string(who) + ": checksum mismatch in " + file->path() + " at offset " +
-                      std::to_string(offset) + " (" + std::to_string(size) +
-                      " bytes): expected crc32c " + Hex(expected_crc) + ", read " +
-                      Hex(s.crc32c) +
-                      ". The page file is corrupt or was written by a crashed run; restore the "
-                      "store from the last checkpoint (resume), or delete the store to start "
-                      "over");
-    }
-    return kOk;
-  } catch (const std::exception& e) {
-    return Fail(st, kInternal, std::string(who) + ": " + e.what());
-  }
-}
-
-int Write(const char* who, void* h, int64_t file_id, int64_t offset, const void* src,
-          size_t size, bool write_behind, uint32_t* crc, Status* st) {
-  try {
-    FileTable& table = TableOf(h);
-    std::shared_ptr<const aio::File> file;
-    if (Locate(who, table, file_id, offset, &file, st) != kOk) return st->code;
-    const auto off = static_cast<uint64_t>(offset);
-    if (write_behind && table.staged->WriteBehind(file, off, src, size, crc)) return kOk;
-    // Synchronous path (or staging is short): keep the order with staged reads and writes.
-    table.staged->WaitForOverlaps(file.get(), off, size, true);
     aio::IoOptions options;
     options.crc32c = true;
-    auto done = table.engine->Write(file, off, src, size, options);
+    const auto off = static_cast<uint64_t>(offset);
+    auto done = read ? table.engine->Read(file, off, dst, size, options)
+                     : table.engine->Write(file, off, src, size, options);
     const aio::IoStatus& s = done->Wait();
-    if (!s.ok()) return Fail(st, kInternal, std::string(who) + ": " + s.message);
+    if (!s.ok()) return Fail(st, kInternal, std::string(who) + ": " + s.message, s.err);
     *crc = s.crc32c;
     return kOk;
   } catch (const std::exception& e) {
@@ -117,55 +80,33 @@ int Write(const char* who, void* h, int64_t file_id, int64_t offset, const void*
   }
 }
 
-int Prefetch(const char* who, void* h, int64_t file_id, int64_t offset, size_t size, bool verify,
-             uint32_t expected_crc, int32_t* ticket, Status* st) {
-  try {
-    FileTable& table = TableOf(h);
+int Read(const char* who, void* h, int64_t file_id, int64_t offset, void* dst, size_t size,
+         uint32_t* crc, Status* st) {
+  return Transfer(true, who, h, file_id, offset, dst, nullptr, size, crc, st);
+}
+
+int Write(const char* who, void* h, int64_t file_id, int64_t offset, const void* src,
+          size_t size, uint32_t* crc, Status* st) {
+  return Transfer(false, who, h, file_id, offset, nullptr, src, size, crc, st);
+}
+
+int Sync(const char* who, void* h, const int64_t* file_ids, size_t n, Status* st) {
+  FileTable& table = TableOf(h);
+  for (size_t i = 0; i < n; ++i) {
     std::shared_ptr<const aio::File> file;
-    if (Locate(who, table, file_id, offset, &file, st) != kOk) return st->code;
-    aio::IoStatus s = table.staged->Prefetch(file, static_cast<uint64_t>(offset), size, verify,
-                                             expected_crc, ticket);
-    if (!s.ok()) {
-      return Fail(st, kResourceExhausted,
-                  std::string(who) + " (table '" + table.name + "'): " + s.message);
+    if (Locate(who, table, file_ids[i], 0, &file, st) != kOk) return st->code;
+    try {
+      file->Sync();
+    } catch (const aio::IoError& e) {
+      return Fail(st, kInternal, std::string(who) + ": " + e.what(), e.err());
+    } catch (const std::exception& e) {
+      return Fail(st, kInternal, std::string(who) + ": " + e.what());
     }
-    return kOk;
-  } catch (const std::exception& e) {
-    return Fail(st, kInternal, std::string(who) + ": " + e.what());
   }
+  return kOk;
 }
 
-int Take(const char* who, void* h, int32_t ticket, void* dst, size_t size, Status* st) {
-  try {
-    FileTable& table = TableOf(h);
-    aio::IoStatus s = table.staged->Take(ticket, dst, size);
-    if (!s.ok()) {
-      const bool corrupt = s.message.find("checksum mismatch") != std::string::npos;
-      return Fail(st, corrupt ? kDataLoss : kInternal,
-                  std::string(who) + " (table '" + table.name + "'): " + s.message);
-    }
-    return kOk;
-  } catch (const std::exception& e) {
-    return Fail(st, kInternal, std::string(who) + ": " + e.what());
-  }
-}
-
-int Flush(const char* who, void* h, bool fsync, Status* st) {
-  try {
-    FileTable& table = TableOf(h);
-    aio::IoStatus s = table.staged->Flush(fsync);
-    if (!s.ok()) {
-      return Fail(st, kInternal,
-                  std::string(who) + " (table '" + table.name +
-                      "'): a write-behind write failed: " + s.message);
-    }
-    return kOk;
-  } catch (const std::exception& e) {
-    return Fail(st, kInternal, std::string(who) + ": " + e.what());
-  }
-}
-
-const Api kApi = {kVersion, sizeof(Api), Acquire, Release, Read, Write, Prefetch, Take, Flush};
+const Api kApi = {kVersion, sizeof(Api), Acquire, Release, Read, Write, Sync};
 
 }  // namespace
 

@@ -1,11 +1,19 @@
 // jaxoff._ffi: the XLA FFI targets (as PyCapsules) and the Python face of the I/O engine.
 #include <nanobind/nanobind.h>
 
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
 #include "adamw_kernel.h"
 #include "build_info.h"
-#include "host_call.h"
+#include "file_handle.h"
+#include "file_table.h"
+#include "gpu_pager.h"
+#include "host_device_ops.h"
 #include "host_paging_api.h"
-#include "page_handlers.h"
+#include "pager_bindings.h"
+#include "pager_handlers.h"
 #include "py_engine.h"
 #include "smoke_handlers.h"
 
@@ -20,47 +28,45 @@ nb::capsule EncapsulateHandler(T* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
+// The CPU pager of a registered file table: host memory as the device, the table's engine
+// (O_DIRECT into the pager's 4 KiB-aligned slots, crc32c on its workers) as the disk.
+std::shared_ptr<jaxoff::pager::Entry> CpuEntry(const std::string& table, int /*device*/,
+                                               int /*io_threads*/) {
+  auto t = jaxoff::ffi_handlers::FindFileTable(table);
+  if (t == nullptr) {
+    throw std::invalid_argument("file table '" + table + "' is not registered "
+                                "(jaxoff.aio.register_file_table)");
+  }
+  auto e = std::make_shared<jaxoff::pager::Entry>();
+  e->table = table;
+  e->keep = t;
+  e->ops = std::make_unique<jaxoff::aio::HostDeviceOps>();
+  std::vector<std::shared_ptr<jaxoff::aio::File>> files;
+  for (const auto& f : t->files) files.push_back(std::const_pointer_cast<jaxoff::aio::File>(f));
+  e->io = std::make_unique<jaxoff::aio::EngineChunkIo>(t->engine, std::move(files));
+  return e;
+}
+
 }  // namespace
 
 NB_MODULE(_ffi, m) {
   namespace h = jaxoff::ffi_handlers;
+  namespace pg = jaxoff::pager;
   m.doc() = "jaxoff native code: XLA FFI handlers and the async I/O engine.";
   m.def("registrations", []() {
     nb::dict d;
     d["jaxoff_copy"] = EncapsulateHandler(h::CopyHandler);
     d["jaxoff_adamw"] = EncapsulateHandler(h::AdamWHandler);
-    d["jaxoff_host_call"] = EncapsulateHandler(h::HostCall);
-    nb::dict page_in, page_out;
-    page_in["instantiate"] = EncapsulateHandler(h::PageInInstantiate);
-    page_in["execute"] = EncapsulateHandler(h::PageInExecute);
-    page_out["instantiate"] = EncapsulateHandler(h::PageOutInstantiate);
-    page_out["execute"] = EncapsulateHandler(h::PageOutExecute);
-    d["jaxoff_page_in"] = page_in;
-    d["jaxoff_page_out"] = page_out;
-    nb::dict prefetch, take, flush;
-    prefetch["instantiate"] = EncapsulateHandler(h::PagePrefetchInstantiate);
-    prefetch["execute"] = EncapsulateHandler(h::PagePrefetchExecute);
-    take["instantiate"] = EncapsulateHandler(h::PageTakeInstantiate);
-    take["execute"] = EncapsulateHandler(h::PageTakeExecute);
-    flush["instantiate"] = EncapsulateHandler(h::PageFlushInstantiate);
-    flush["execute"] = EncapsulateHandler(h::PageFlushExecute);
-    d["jaxoff_page_prefetch"] = prefetch;
-    d["jaxoff_page_take"] = take;
-    d["jaxoff_page_flush"] = flush;
+    d[pg::kBegin] = EncapsulateHandler(pg::CpuPagerBegin);
+    d[pg::kTake] = EncapsulateHandler(pg::CpuPagerTake);
+    d[pg::kOut] = EncapsulateHandler(pg::CpuPagerOut);
+    d[pg::kCommit] = EncapsulateHandler(pg::CpuPagerCommit);
     return d;
-  }, "Every XLA FFI target of jaxoff, name -> PyCapsule or {stage: PyCapsule} (platform cpu).");
-  m.def("state_types", []() {
-    nb::dict d, page;
-    page["type_id"] = nb::capsule(reinterpret_cast<void*>(h::PageStateTypeId()));
-    page["type_info"] =
-        nb::capsule(const_cast<void*>(reinterpret_cast<const void*>(h::PageStateTypeInfo())));
-    d["jaxoff_page_state"] = page;
-    return d;
-  }, "FFI state types, name -> {type_id, type_info} capsules for jax.ffi.register_ffi_type.");
+  }, "Every XLA FFI target of jaxoff, name -> PyCapsule (platform cpu).");
   m.def("host_paging_api", []() {
     return nb::capsule(const_cast<void*>(static_cast<const void*>(jaxoff::host_api::GetApi())),
                        jaxoff::host_api::kCapsuleName);
-  }, "The host half of paging (host_paging_api.h) for the platform modules (jaxoff._ffi_cuda).");
+  }, "The disk half of paging (host_paging_api.h) for the platform modules (jaxoff._ffi_cuda).");
   m.def("build_info", []() {
     nb::dict d;
     // Set by CMake: whether jaxoff._ffi_cuda was built in the same build, and why not.
@@ -70,6 +76,8 @@ NB_MODULE(_ffi, m) {
     d["cuda_toolkit"] = JAXOFF_CUDA_TOOLKIT;
     return d;
   }, "How this build was configured: CUDA module built or not (cuda_reason says why).");
+  m.def("file_sync_count", &jaxoff::aio::FileSyncCount,
+        "fsync calls of page files in this process (a test of the commit's durability).");
   h::BindEngine(m);
-  h::BindHostCall(m);
+  pg::BindPager(m, CpuEntry);
 }

@@ -185,7 +185,7 @@ void BindEngine(nb::module_& m) {
       nb::arg("name"), nb::arg("files"), nb::arg("block_size"), nb::arg("queue_depth"),
       nb::arg("threads"), nb::arg("o_direct"), nb::arg("pool_bytes"), nb::arg("backend"),
       nb::arg("stripe_bytes") = 0,
-      "Opens (creating) the files of a table used by jaxoff_page_in/out; file_id indexes `files`.");
+      "Opens (creating) the files of a table a pager pages through; file_id indexes `files`.");
   m.def("unregister_file_table", &UnregisterFileTable, nb::arg("name"));
   m.def("file_tables", &FileTableNames);
   m.def(
@@ -193,51 +193,11 @@ void BindEngine(nb::module_& m) {
       [](const std::string& name) -> std::optional<std::map<std::string, uint64_t>> {
         auto t = FindFileTable(name);
         if (!t) return std::nullopt;
-        const aio::StagedIoStats s = t->staged->Stats();
         const aio::EngineStats e = t->engine->Stats();
         return std::map<std::string, uint64_t>{
-            {"tickets", s.tickets},
-            {"reads_in_flight", s.reads_in_flight},
-            {"writes_in_flight", s.writes_in_flight},
-            {"staging_in_use", s.staging_in_use},
-            {"staging_allocated", s.staging_allocated},
-            {"budget", s.budget},
-            {"reclaimed", s.reclaimed},
-            {"takes", s.takes},
-            {"take_wait_ns", s.take_wait_ns},
-            {"take_copy_ns", s.take_copy_ns},
-            {"prefetch_wait_ns", s.prefetch_wait_ns},
-            {"write_wait_ns", s.write_wait_ns},
-            {"flush_wait_ns", s.flush_wait_ns},
-            {"io_busy_ns", e.busy_ns},
-            {"read_bytes", e.read_bytes},
-            {"write_bytes", e.write_bytes}};
+            {"io_busy_ns", e.busy_ns}, {"read_bytes", e.read_bytes}, {"write_bytes", e.write_bytes}};
       },
-      nb::arg("name"), "Split-phase staging of a table (tickets, writes, bytes), or None.");
-  m.def(
-      "drain_prefetches",
-      [](const std::string& name) -> int64_t {
-        auto t = FindFileTable(name);
-        if (!t) return -1;
-        nb::gil_scoped_release release;
-        return static_cast<int64_t>(t->staged->Drain());
-      },
-      nb::arg("name"), "Drops the table's untaken prefetch tickets; returns how many (-1: no table).");
-  m.def(
-      "flush_file_table",
-      [](const std::string& name, bool fsync) {
-        auto t = FindFileTable(name);
-        if (!t) return false;
-        aio::IoStatus s;
-        {
-          nb::gil_scoped_release release;
-          s = t->staged->Flush(fsync);
-        }
-        if (!s.ok()) RaiseOsError(s.err, s.message);
-        return true;
-      },
-      nb::arg("name"), nb::arg("fsync") = false,
-      "Waits for the table's write-behind writes (raises OSError on a failed one).");
+      nb::arg("name"), "The table's engine: busy time and bytes read and written, or None.");
   m.def("file_table_backend", [](const std::string& name) -> std::optional<std::string> {
     auto t = FindFileTable(name);
     if (!t) return std::nullopt;

@@ -1,6 +1,9 @@
 // The GPU pager on the CUDA runtime: the simulated tests' round trip on a real device, and a
-// skip (with the runtime's reason) on a machine without one, so the binary builds and runs in
-// CI on a CPU machine with the CUDA toolkit.
+// skip (with the runtime's reason, exit status 77: CTest reports it skipped, never passed) on
+// a machine without one, so the binary builds and runs in CI on a CPU machine with the CUDA
+// toolkit.
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,13 +28,17 @@ using jaxoff::aio::PagerConfig;
 using jaxoff::aio::StepPlan;
 using jaxoff::aio::testing::RandomBytes;
 
-TEST(CudaPagerRoundTripOrSkipWithoutADevice) {
+// Why there is no usable device, or "" when device 0 is there.
+std::string NoDevice() {
   std::string why;
   const int n = jaxoff::aio::CudaDeviceCount(&why);
-  if (n <= 0) {
-    std::cout << "no CUDA device (" << (n < 0 ? why : "0 devices") << "): skipped" << std::endl;
-    return;
-  }
+  if (n < 0) return "no CUDA device (" + why + ")";
+  if (n == 0) return "no CUDA device (0 devices)";
+  return "";
+}
+
+TEST(CudaPagerRoundTripOrSkipWithoutADevice) {
+  if (const std::string why = NoDevice(); !why.empty()) SKIP_TEST(why);
   auto ops = jaxoff::aio::MakeCudaDeviceOps(0);
   EngineConfig c;
   c.backend = jaxoff::aio::testing::SelectedBackend();
@@ -74,7 +81,11 @@ TEST(CudaPagerRoundTripOrSkipWithoutADevice) {
     ops->SynchronizeStream(xla);
     for (size_t i = 0; i < refs.size(); ++i) CHECK(host[i] == data[i]);
     CHECK(pager.Begin(StepPlan{}).ok());
-    CHECK_EQ(commits, 2);
+    // The writing step committed version 1; the reading one (no writes) made no version.
+    CHECK_EQ(commits, 1);
+    CHECK_EQ(pager.version(), uint64_t{1});
+    CHECK_EQ(pager.Stats().syncs, uint64_t{1});
+    CHECK_EQ(pager.Stats().read_only_steps, uint64_t{1});
     for (void* b : bufs) ops->FreeDevice(b);
   }
   ops->DestroyStream(xla);
@@ -83,12 +94,7 @@ TEST(CudaPagerRoundTripOrSkipWithoutADevice) {
 TEST(CudaPagerSitesAndPlanIdsOrSkipWithoutADevice) {
   // Two take sites whose calls come in the other order than the plan's (within the ring),
   // from a plan registered by id, on the device's streams.
-  std::string why;
-  const int n = jaxoff::aio::CudaDeviceCount(&why);
-  if (n <= 0) {
-    std::cout << "no CUDA device (" << (n < 0 ? why : "0 devices") << "): skipped" << std::endl;
-    return;
-  }
+  if (const std::string why = NoDevice(); !why.empty()) SKIP_TEST(why);
   auto ops = jaxoff::aio::MakeCudaDeviceOps(0);
   EngineConfig c;
   c.backend = jaxoff::aio::testing::SelectedBackend();
@@ -134,8 +140,67 @@ TEST(CudaPagerSitesAndPlanIdsOrSkipWithoutADevice) {
     ops->SynchronizeStream(xla);
     for (int i = 0; i < 8; ++i) CHECK(host[i] == data[i]);
     CHECK(pager.Begin(StepPlan{}).ok());
-    CHECK_EQ(pager.committed_step(), uint64_t{2});
+    // Plan 1 wrote version 1; plan 2 only read it and made no version.
+    CHECK_EQ(pager.version(), uint64_t{1});
+    CHECK_EQ(pager.Stats().read_only_steps, uint64_t{1});
     for (void* b : bufs) ops->FreeDevice(b);
+  }
+  ops->DestroyStream(xla);
+}
+
+TEST(CudaPagerVersionCheckAndTokenMemsetOrSkipWithoutADevice) {
+  // page_begin's version check on the device: the word is copied on the caller's stream and
+  // compared on the pager's d2h stream; a stale one fails the step (ESTALE) at the next
+  // Settle, and the step never commits. MemsetAsync fills a token on the stream.
+  if (const std::string why = NoDevice(); !why.empty()) SKIP_TEST(why);
+  auto ops = jaxoff::aio::MakeCudaDeviceOps(0);
+  EngineConfig c;
+  c.backend = jaxoff::aio::testing::SelectedBackend();
+  auto engine = std::make_shared<Engine>(c);
+  auto file = std::make_shared<File>(
+      std::vector<std::string>{jaxoff::aio::testing::TempDir() + "/pages"}, true, true, true);
+  EngineChunkIo io(engine, {file});
+  PagerConfig pc;
+  pc.slot_bytes = 1 << 20;
+  auto xla = ops->CreateStream();
+  {
+    std::vector<uint64_t> commits;
+    GpuPager pager(ops.get(), &io, pc,
+                   [&](uint64_t v, const GpuPager::Crcs&) -> IoStatus {
+                     commits.push_back(v);
+                     return {};
+                   },
+                   /*version=*/5);
+    const ChunkRef ref{0, 0, size_t(1) << 20};
+    pager.RegisterPlan(1, StepPlan{{}, {ref}}, StepPlan{{}, {ChunkRef{0, 1 << 20, 1 << 20}}});
+    void* word = ops->AllocDevice(sizeof(int32_t));
+    void* buf = ops->AllocDevice(1 << 20);
+    int32_t v = 5;
+    ops->CopyAsync(word, &v, sizeof(v), CopyKind::kHostToDevice, xla);
+    ops->SynchronizeStream(xla);
+    CHECK(pager.Begin(1, xla, word).ok());
+    CHECK(pager.Put(xla, buf, 1 << 20).ok());
+    CHECK(pager.Commit().ok());
+    CHECK(pager.Settle().ok());
+    CHECK_EQ(pager.version(), uint64_t{6});
+    // The state still says 5: stale.
+    CHECK(pager.Begin(1, xla, word).ok());
+    CHECK(pager.Put(xla, buf, 1 << 20).ok());
+    CHECK(pager.Commit().ok());
+    IoStatus st = pager.Settle();
+    CHECK_EQ(st.err, ESTALE);
+    CHECK_CONTAINS(st.message, "describes version 5 of its page store, but the store holds version 6");
+    CHECK_EQ(pager.version(), uint64_t{6});
+    CHECK_EQ(commits.size(), size_t{1});
+    CHECK_EQ(pager.Stats().stale_steps, uint64_t{1});
+    // A token filled on the stream.
+    std::vector<char> host(64, 1);
+    ops->MemsetAsync(buf, 0, 64, xla);
+    ops->CopyAsync(host.data(), buf, 64, CopyKind::kDeviceToHost, xla);
+    ops->SynchronizeStream(xla);
+    CHECK(host == std::vector<char>(64, 0));
+    ops->FreeDevice(word);
+    ops->FreeDevice(buf);
   }
   ops->DestroyStream(xla);
 }

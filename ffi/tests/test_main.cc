@@ -1,4 +1,8 @@
-// Runs every registered test: jaxoff_engine_tests [--backend posix|io_uring|auto] [filter]
+// Runs every registered test:
+//   jaxoff_engine_tests [--backend posix|io_uring|auto] [--fail-fast] [filter]
+// --fail-fast stops after the first test with a failed check (the pager's mutant builds: one
+// failure is the verdict). Exit status: 0 all passed, 1 a check failed (or nothing ran), 77
+// every test that ran skipped itself.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -16,6 +20,10 @@ std::vector<TestCase>& Registry() {
   return r;
 }
 int& FailureCount() {
+  static int n = 0;
+  return n;
+}
+int& SkipCount() {
   static int n = 0;
   return n;
 }
@@ -48,9 +56,12 @@ int main(int argc, char** argv) {
   using namespace jaxoff::aio;
   using namespace jaxoff::aio::testing;
   std::string filter;
+  bool fail_fast = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
       SelectedBackend() = ParseBackend(argv[++i]);
+    } else if (std::strcmp(argv[i], "--fail-fast") == 0) {
+      fail_fast = true;
     } else {
       filter = argv[i];
     }
@@ -72,17 +83,24 @@ int main(int argc, char** argv) {
   for (const auto& t : Registry()) {
     if (!filter.empty() && std::string(t.name).find(filter) == std::string::npos) continue;
     const int before = FailureCount();
+    const int skipped_before = SkipCount();
     try {
       t.fn();
     } catch (const std::exception& e) {
       ++FailureCount();
       std::cerr << t.name << ": unexpected exception: " << e.what() << std::endl;
     }
-    std::cout << (FailureCount() == before ? "[ OK   ] " : "[ FAIL ] ") << t.name << " ("
-              << BackendName(SelectedBackend()) << ")" << std::endl;
+    const char* verdict = FailureCount() != before       ? "[ FAIL ] "
+                          : SkipCount() != skipped_before ? "[ SKIP ] "
+                                                          : "[ OK   ] ";
+    std::cout << verdict << t.name << " (" << BackendName(SelectedBackend()) << ")"
+              << std::endl;
     ++ran;
+    if (fail_fast && FailureCount() != 0) break;
   }
   std::filesystem::remove_all(g_root);
-  std::cout << ran << " tests, " << FailureCount() << " failed checks" << std::endl;
+  std::cout << ran << " tests, " << FailureCount() << " failed checks, " << SkipCount()
+            << " skipped" << std::endl;
+  if (FailureCount() == 0 && ran > 0 && SkipCount() == ran) return 77;
   return FailureCount() == 0 && ran > 0 ? 0 : 1;
 }

@@ -19,6 +19,9 @@ struct TestCase {
 
 std::vector<TestCase>& Registry();
 int& FailureCount();
+// Tests that skipped themselves (SKIP_TEST). A binary whose every test skipped exits with 77,
+// which CTest reports as skipped where the test sets SKIP_RETURN_CODE 77.
+int& SkipCount();
 // Backend selected on the command line (--backend posix|io_uring|auto).
 BackendKind& SelectedBackend();
 // A fresh temporary directory for the running test (removed at exit).
@@ -38,6 +41,14 @@ struct Registrar {
   static void name();                                                                      \
   static ::jaxoff::aio::testing::Registrar JAXOFF_CAT(registrar_, name)(#name, name);     \
   static void name()
+
+// Ends the running test as skipped, saying why (e.g. no device on this machine).
+#define SKIP_TEST(why)                                                                     \
+  do {                                                                                     \
+    ++::jaxoff::aio::testing::SkipCount();                                                 \
+    std::cout << "skipped: " << (why) << std::endl;                                        \
+    return;                                                                                \
+  } while (0)
 
 #define CHECK(cond)                                                                        \
   do {                                                                                     \

@@ -1,4 +1,5 @@
-"""Async I/O: the C++ engine, the page store (crash-consistent page files), FFI paging calls."""
+"""Async I/O: the C++ engine, the page store (crash-consistent page files), the pager and its
+four paging calls (``page_begin``, ``page_take``, ``page_out``, ``page_commit``)."""
 
 from ._backend import BackendStatus as BackendStatus
 from ._backend import backend_status as backend_status
@@ -8,26 +9,23 @@ from ._engine import Engine as Engine
 from ._engine import EngineConfig as EngineConfig
 from ._engine import crc32c as crc32c
 from ._error_from import store_error_from as store_error_from
-from ._ffi_calls import WAIT_COUNTERS as WAIT_COUNTERS
-from ._ffi_calls import drain_prefetches as drain_prefetches
-from ._ffi_calls import encode_offsets as encode_offsets
 from ._ffi_calls import file_table_stats as file_table_stats
-from ._ffi_calls import flush_file_table as flush_file_table
-from ._ffi_calls import new_token as new_token
-from ._ffi_calls import page_flush as page_flush
-from ._ffi_calls import page_in as page_in
-from ._ffi_calls import page_out as page_out
-from ._ffi_calls import page_prefetch as page_prefetch
-from ._ffi_calls import page_take as page_take
 from ._ffi_calls import register_file_table as register_file_table
 from ._ffi_calls import register_targets as register_targets
 from ._ffi_calls import unregister_file_table as unregister_file_table
-from ._host_call import HostCalls as HostCalls
-from ._host_call import host_call as host_call
 from ._layout import ChunkInfo as ChunkInfo
 from ._layout import EntryLayout as EntryLayout
 from ._layout import Layout as Layout
 from ._layout import plan_layout as plan_layout
+from ._pager import WAIT_COUNTERS as WAIT_COUNTERS
+from ._pager import Pager as Pager
+from ._pager import PagerConfig as PagerConfig
+from ._pager import PagerError as PagerError
+from ._pager import io_stats as io_stats
+from ._pager import page_begin as page_begin
+from ._pager import page_commit as page_commit
+from ._pager import page_out as page_out
+from ._pager import page_take as page_take
 from ._store import PageStore as PageStore
 from ._store_errors import PageStoreCorruptError as PageStoreCorruptError
 from ._store_errors import PageStoreError as PageStoreError
@@ -47,22 +45,19 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "crc32c",
-    "encode_offsets",
-    "new_token",
-    "page_in",
-    "page_out",
-    "page_prefetch",
+    "page_begin",
     "page_take",
-    "page_flush",
-    "drain_prefetches",
+    "page_out",
+    "page_commit",
+    "Pager",
+    "PagerConfig",
+    "PagerError",
+    "io_stats",
     "WAIT_COUNTERS",
     "file_table_stats",
-    "flush_file_table",
     "register_file_table",
     "register_targets",
     "unregister_file_table",
-    "HostCalls",
-    "host_call",
     "ChunkInfo",
     "EntryLayout",
     "Layout",

@@ -21,11 +21,10 @@ import jax
 from jaxoff import _ffi
 
 PAGING_TARGETS = (
-    "jaxoff_page_in",
-    "jaxoff_page_out",
-    "jaxoff_page_prefetch",
-    "jaxoff_page_take",
-    "jaxoff_page_flush",
+    "jaxoff_pager_begin",
+    "jaxoff_pager_take",
+    "jaxoff_pager_out",
+    "jaxoff_pager_commit",
 )
 REINSTALL = (
     "reinstall on this machine with `JAXOFF_CUDA=on pip install --no-build-isolation "
@@ -137,8 +136,6 @@ def register() -> None:
         _missing = missing_reason()
         return
     mod.bind_host_api(_ffi.host_paging_api())
-    for name, type_registration in mod.state_types().items():
-        jax.ffi.register_ffi_type(name, type_registration, platform="CUDA")
     for name, capsule in mod.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
     _registered = True

@@ -1,10 +1,14 @@
 """The page store's own error, recovered from the JAX runtime error that wraps it.
 
-A paged optimizer commits its store inside a JAX callback, and its pages are written by FFI
-calls: an error there (a full disk at the commit, say) reaches the caller as a
-``jax.errors.JaxRuntimeError`` whose text holds the store's message after a traceback.
-`store_error_from` gives the `PageStoreError` back, so that a training loop can show its
-one-line message (what happened, what to do) instead of the runtime's traceback.
+A paged step pages through the pager's FFI calls (``jaxoff_pager_begin`` / ``_take`` / ``_out``
+/ ``_commit``), and the pager commits the store on its own thread once the step's writes are
+durable (`jaxoff.optim.chunks.PageTransaction`): an error there reaches the caller as a
+``jax.errors.JaxRuntimeError`` of the step that needs the chunk (a checksum mismatch, a failed
+read: ``jaxoff_pager_take: ...``) or of the next step (a failed write or commit:
+``jaxoff_pager_begin: ...``), or as the `PageStoreError` that ``PageTransaction.settle()``
+raises with the engine's message. `store_error_from` gives the store's error back (a full
+disk as a `PageStoreFullError` with its path and errno), so that a training loop can show its
+one-line message (what happened, what to do) instead of the runtime's text.
 """
 
 from __future__ import annotations
@@ -26,17 +30,21 @@ from jaxoff.aio._store_errors import (
 _recent: collections.deque[PageStoreError] = collections.deque(maxlen=16)
 _lock = threading.Lock()
 
-# How a callback's exception ends the runtime error's text: "...\nPageStoreFullError: <message>"
+# How a Python exception ends a runtime error's text: "...\nPageStoreFullError: <message>"
 _PYTHON = re.compile(r"(?:^|\n|\.)(PageStore[A-Za-z]*Error): (.+)\Z", re.S)
-# How the C++ engine reports a failed write (jaxoff_page_out / jaxoff_page_flush).
+# How the C++ engine reports a write or sync that hit a full disk or the file size limit:
+# "write <path> at offset <n> (<m> bytes) failed: ... (ENOSPC, errno 28)...", behind a step
+# (raised by the next jaxoff_pager_begin, or by PageTransaction.settle() in its message).
 _ENGINE = re.compile(
-    r"(write|fsync) (.+?) at offset (\d+)(?: \((\d+) bytes\))? failed: [^\n]*?"
+    r"(write|fsync) (/[^\n]+?) at offset (\d+)(?: \((\d+) bytes\))? failed: [^\n]*?"
     r"\((ENOSPC|EFBIG|EDQUOT), errno (\d+)\)"
 )
 
 
-# How the FFI calls report a chunk that fails its checksum (DATA_LOSS), and a failed read
-# or write for another reason: "read <path> at offset <n> ... failed: ... (EIO, errno 5)".
+# How the pager reports a chunk that fails its checksum ("jaxoff_pager_take: checksum
+# mismatch in <path> at offset <n> (<m> bytes): expected crc32c ...", DATA_LOSS) or a page
+# file shorter than a read, and the engine a failed read, write or sync for another reason:
+# "read <path> at offset <n> (<m> bytes) failed: ... (EIO, errno 5)".
 _CORRUPT = re.compile(
     r"checksum mismatch in (\S+) at offset (\d+)"
     r"|read (/\S+?) at offset (\d+)[^\n]*? failed: read past the end of the file"
@@ -59,9 +67,12 @@ def store_error_from(exc: BaseException) -> PageStoreError | None:
 
     ``exc`` may be the `PageStoreError` itself, an exception chained to one (``__cause__``,
     ``__context__``), or the ``jax.errors.JaxRuntimeError`` of a jitted step in which the
-    store failed: inside a commit callback (the original exception object is returned), or
-    in a paging FFI call that hit a full disk or the file size limit (a
-    `PageStoreFullError` is built from the engine's message, with ``path`` and ``errno``).
+    store failed: in the pager's commit (the exception `PageStore.commit` raised and recorded
+    is returned), or in a paging call (a `PageStoreCorruptError` for a chunk that fails its
+    checksum or a truncated page file). A page write that hit a full disk or the file size
+    limit, reported by the next step's ``jaxoff_pager_begin`` or in the message of the
+    `PageStoreError` that ``PageTransaction.settle()`` raises, gives a `PageStoreFullError`
+    built from the engine's message, with ``path`` and ``errno``.
 
     Args:
       exc: the exception caught around the step.
@@ -85,6 +96,8 @@ def store_error_from(exc: BaseException) -> PageStoreError | None:
             continue
         seen.add(id(e))
         if isinstance(e, PageStoreError):
+            if type(e) is PageStoreError:  # settle()'s: the engine's full disk, said so
+                return _from_engine_text(str(e)) or e
             return e
         chain.append(e)
         todo += [e.__cause__, e.__context__]

@@ -177,6 +177,7 @@ class PageStore(StoreState):
     def read(self, name: str, slot: str | None = None) -> np.ndarray:
         """Reads an entry (default: the committed version) and verifies its checksums."""
         self._check_open()
+        self._settle()
         ei = self._layout.index(name)
         e = self._layout.entries[ei]
         out = np.empty(e.size, e.dtype)
@@ -189,6 +190,7 @@ class PageStore(StoreState):
     def read_chunk(self, name: str, chunk_index: int, slot: str | None = None) -> np.ndarray:
         """Reads one chunk as a 1-D array of ``elem_count`` elements, verified."""
         self._check_open()
+        self._settle()
         ei = self._layout.index(name)
         e, c = self._layout.entries[ei], self._chunk(ei, chunk_index)
         out = np.empty(c.elem_count, e.dtype)
@@ -220,7 +222,13 @@ class PageStore(StoreState):
             )
         self._write_raw(ei, c.index, arr.reshape(-1).view(np.uint8))
 
-    def commit(self, crcs: Mapping[str, Any] | None = None, *, background: bool = False) -> int:
+    def commit(
+        self,
+        crcs: Mapping[str, Any] | None = None,
+        *,
+        background: bool = False,
+        durable: bool = False,
+    ) -> int:
         """Makes everything written to the inactive slot durable and current; returns the version.
 
         Args:
@@ -245,17 +253,18 @@ class PageStore(StoreState):
             space for the manifest (the previous version stays current).
         """
         try:
-            with self._finish_lock:  # a close() or commit() in another thread waits for this one
+            with self._locked():  # a close() or commit() in another thread waits for this one
                 self.wait_committed()
-                return self._commit(crcs, background)
+                return self._commit(crcs, background, durable)
         except PageStoreError as e:
             self.last_error = _error_from.record(e)
             raise
 
     def wait_committed(self) -> None:
-        """Waits for a background `commit` to be durable; raises its error if it failed (once:
-        the store is then back at the previous version)."""
-        with self._finish_lock:
+        """Waits for a background `commit` to be durable (and, where a pager commits the store
+        behind the steps, for those steps); raises its error if it failed (once: the store is
+        then back at the previous version)."""
+        with self._locked():
             thread, self._finishing = self._finishing, None
             if thread is not None:
                 thread.join()
@@ -271,7 +280,9 @@ class PageStore(StoreState):
         failed = self._finish_error
         return None if failed is None else failed[0]
 
-    def _commit(self, crcs: Mapping[str, Any] | None, background: bool = False) -> int:
+    def _commit(
+        self, crcs: Mapping[str, Any] | None, background: bool = False, durable: bool = False
+    ) -> int:
         self._check_open()
         pending = {n: list(v) for n, v in self._pending.items()}
         for name, values in (crcs or {}).items():
@@ -294,14 +305,14 @@ class PageStore(StoreState):
         new_crcs[slot] = pending
         version, old = self._version + 1, (self._version, self._crcs)
         if not background:
-            self._make_durable(slot, version, new_crcs)
+            self._make_durable(slot, version, new_crcs, synced=durable)
         self._version, self._crcs = version, new_crcs
         self._pending = self._no_crcs()
         if background:
 
             def finish():
                 try:
-                    self._make_durable(slot, version, new_crcs)
+                    self._make_durable(slot, version, new_crcs, synced=durable)
                 except BaseException as e:  # raised by wait_committed, in the caller's thread
                     err = (
                         e
@@ -319,8 +330,11 @@ class PageStore(StoreState):
             self._finishing.start()
         return version
 
-    def _make_durable(self, slot: str, version: int, crcs: _manifest.Crcs) -> None:
-        self._files.fsync_slot(slot)
+    def _make_durable(
+        self, slot: str, version: int, crcs: _manifest.Crcs, synced: bool = False
+    ) -> None:
+        if not synced:
+            self._files.fsync_slot(slot)
         _faults.point("store.commit")  # data durable, the old manifest still current
         _manifest.write(self._root, self._layout, version, crcs)
 
@@ -365,7 +379,7 @@ class PageStore(StoreState):
         A single-slot store keeps its ``IN_PLACE_OPEN`` mark when writes of this process were
         not committed (the committed version was partly overwritten): the next open checks it.
         """
-        with self._finish_lock:  # not under a commit running in another thread
+        with self._locked():  # not under a commit running in another thread
             try:
                 self.wait_committed()  # raised after the lock is released (nothing is lost)
             except PageStoreError:

@@ -3,9 +3,10 @@ version, checksums and file tables (the base class of ``PageStore``)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,11 @@ class StoreState:
         self._finishing: threading.Thread | None = None  # a background commit's thread
         self._finish_error: tuple | None = None  # (error, version, crcs) it failed with
         self._finish_lock = threading.RLock()  # commit() and close() from two threads
+        # Set by the owner of a pager that commits this store behind the steps (see
+        # `jaxoff.optim.chunks.PageTransaction`): waits for the steps in flight and their
+        # commits, so that what this process reads of the store is what its steps made.
+        self.settle_hook: Callable[[], None] | None = None
+        self._held = threading.local()  # this thread holds _finish_lock (see `_locked`)
 
     # ----------------------------------------------------------------- properties
 
@@ -45,9 +51,27 @@ class StoreState:
     def root(self) -> str:
         return self._root
 
+    def _settle(self) -> None:
+        """Runs the `settle_hook`, except under `_locked` (the pager's commit needs the lock:
+        waiting for it there would never end; callers settle before they lock)."""
+        if self.settle_hook is not None and not getattr(self._held, "depth", 0):
+            self.settle_hook()
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """``_finish_lock``, held by this thread (a commit or close after the steps settled)."""
+        self._settle()
+        with self._finish_lock:
+            self._held.depth = getattr(self._held, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                self._held.depth -= 1
+
     @property
     def version(self) -> int:
         """The last committed version (0 right after `create`: nothing written yet)."""
+        self._settle()
         return self._version
 
     @property
@@ -80,6 +104,7 @@ class StoreState:
             raise KeyError(
                 f"page store {self._root} has no entry {name!r}; it holds {', '.join(self.entries)}"
             )
+        self._settle()
         return list(self._crcs[slot or self.active_slot][name])
 
     @property

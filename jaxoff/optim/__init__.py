@@ -54,28 +54,19 @@ __all__ = [
 _MOVED_TO_CHUNKS = frozenset(
     {
         "RAM_ENTRY",
-        "ChunkIO",
         "ChunkUpdater",
-        "EntryIO",
         "LeafPlan",
         "Plan",
-        "StepCommit",
         "StepPlan",
         "as_bits",
         "chunk_updater",
-        "commit_gate",
         "copy_in",
         "copy_out",
-        "crc_shapes",
         "ends_with_paged",
-        "entry_ios",
-        "pack_crcs",
         "path_name",
         "ram_bytes",
         "ram_bytes_np",
         "ram_from_bytes",
-        "unpack_crcs",
-        "write_chunk",
     }
 )
 

@@ -26,15 +26,11 @@ from jaxoff._errors import describe_os_error
 from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError, PageStoreFullError
 from jaxoff.aio._layout import parse_dtype
 from jaxoff.aio._pageio import FULL_ERRNOS, fsync_dir
-from jaxoff.optim._paged import (
-    PagedState,
-    PagedTransformation,
-    canonical,
-    ram_from_bytes,
-    stale_reason,
-)
+from jaxoff.optim._codec import ram_from_bytes
+from jaxoff.optim._paged import PagedState, PagedTransformation, canonical
 from jaxoff.optim._plan import RAM_ENTRY
 from jaxoff.optim._state import make_state
+from jaxoff.optim._transaction import PageTransaction
 
 FORMAT = "jaxoff.paged-checkpoint/1"
 MANIFEST = "paged.json"
@@ -59,14 +55,14 @@ def save_paged(
     replaced. Chunks are verified against their checksums on the way. ``in_store``: record
     the version instead of copying it (see `copy_out`); returns 0.
     """
-    store = _open(tx)
-    jax.block_until_ready(opt_state)  # waits for the step's commit
-    reason = stale_reason(
-        store, jax.device_get(opt_state.version), [jax.device_get(c) for c in opt_state.crcs]
-    )
-    if reason is not None:
-        raise PageStoreError(f"save_paged: {reason}; save the state returned by the last step")
-    return copy_out(store, directory, in_store=in_store)
+    txn = _open(tx)
+    jax.block_until_ready(opt_state)
+    txn.settle()  # the step's commit is durable
+    try:
+        txn.check_version(jax.device_get(opt_state.version))
+    except PageStoreError as e:
+        raise PageStoreError(f"save_paged: {e}; save the state returned by the last step") from None
+    return copy_out(txn.store, directory, in_store=in_store)
 
 
 def copy_out(
@@ -220,48 +216,27 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
     """
     pager = _pager(tx)
     plan = pager.plan(canonical(params))
-    settle(pager)  # steps still in flight commit first, not over the restored version
-    store = pager.open_store(plan, discard_torn=True)  # every chunk is rewritten below
-    crcs, _ = copy_in(store, plan, directory)
-    return _state(plan, store, store.version, crcs)
-
-
-def settle(pager) -> None:
-    """Waits for what is in flight before a restore takes the store over (as ``tx.close()``
-    does): the steps dispatched and not yet read (their page writes and commits) and a
-    background commit. Without it a step still running commits over the restored version,
-    whose state then reads as corrupt or stale. A failed step's error stays that step's:
-    the restore rewrites every chunk."""
-    from jaxoff.optim._paged import wait_for_steps
-
-    wait_for_steps()
-    store = pager.store
-    if store is not None and not store.closed:
-        try:
-            store.wait_committed()
-        except PageStoreError:
-            pass
+    txn = pager.transaction(plan, discard_torn=True)  # every chunk is rewritten below
+    copy_in(txn, plan, directory)
+    return _state(plan, txn.store)
 
 
 def copy_in(
-    store: PageStore,
-    plan,
-    directory: str | os.PathLike,
-    same_parity: bool = False,
-    want: dict | None = None,
-) -> tuple[dict, int]:
-    """Writes what `copy_out` wrote into ``store`` as its next committed version.
-
-    ``same_parity``: for a two-slot store, make the new version's number have the parity of
-    the saved one (writing the chunks a second time if needed), so that the state saved with
-    the checkpoint, which reads slot ``version % 2``, reads the restored chunks.
+    txn: PageTransaction, plan, directory: str | os.PathLike, want: dict | None = None
+) -> int:
+    """Writes what `copy_out` wrote into the store of ``txn`` as its next committed version
+    (after the steps in flight: `PageTransaction.settle`; a failed step's error stays that
+    step's, the restore rewrites every chunk), and gives it to the pager.
 
     ``want``: ``{entry: (shape, dtype)}`` the checkpoint must hold (default: ``plan``'s
     entries; the Fuyou step's store has its own layout).
 
     Returns:
-      ``({entry: crcs}, the store version recorded in the checkpoint)``.
+      the store version recorded in the checkpoint.
     """
+    with contextlib.suppress(PageStoreError):
+        txn.settle()  # steps still in flight commit first, not over the restored version
+    store = txn.store
     directory = os.path.abspath(os.fspath(directory))
     path = os.path.join(directory, MANIFEST)
     _refuse_incomplete(directory, path)
@@ -292,37 +267,31 @@ def copy_in(
             f"state than this model needs (differences: {diffs[:5]})"
         )
     if "in_store" in meta:
-        return _adopt(store, directory, meta), int(meta["store_version"])
+        _adopt(store, directory, meta)
+        return int(meta["store_version"])
     _check_page_files(store, saved, directory)  # all there before anything is written
-    rounds = 1
-    if (
-        same_parity
-        and store.layout.slots == 2
-        and (store.version + 1) % 2 != int(meta["store_version"]) % 2
-    ):
-        rounds = 2
-    for _ in range(rounds):
-        crcs = {}
-        for name, e in store.entries.items():
-            info = saved[name]
-            with open(os.path.join(directory, info["file"]), "rb") as f:
-                for c in e.chunks:
-                    f.seek(c.elem_start * e.dtype.itemsize)
-                    raw = np.frombuffer(f.read(c.nbytes), np.uint8)
-                    if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:  # pyright: ignore[reportArgumentType]  # ndarray is a Buffer
-                        raise PageStoreCorruptError(
-                            f"restore_paged: chunk {c.index} of {name!r} in {directory} is "
-                            "damaged (short or checksum mismatch); use an older checkpoint"
-                        )
-                    store.write_chunk(name, c.index, raw.view(e.dtype))
-            crcs[name] = info["crcs"]
-        store.commit(crcs)
-    return crcs, int(meta["store_version"])
+    crcs = {}
+    for name, e in store.entries.items():
+        info = saved[name]
+        with open(os.path.join(directory, info["file"]), "rb") as f:
+            for c in e.chunks:
+                f.seek(c.elem_start * e.dtype.itemsize)
+                raw = np.frombuffer(f.read(c.nbytes), np.uint8)
+                if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:  # pyright: ignore[reportArgumentType]  # ndarray is a Buffer
+                    raise PageStoreCorruptError(
+                        f"restore_paged: chunk {c.index} of {name!r} in {directory} is "
+                        "damaged (short or checksum mismatch); use an older checkpoint"
+                    )
+                store.write_chunk(name, c.index, raw.view(e.dtype))
+        crcs[name] = info["crcs"]
+    store.commit(crcs)
+    txn.adopt()
+    return int(meta["store_version"])
 
 
-def _adopt(store: PageStore, directory: str, meta: dict) -> dict:
-    """The checksums of an in-store checkpoint (`copy_out` ``in_store=True``), once the store
-    is the one it names and still holds the version it recorded; nothing is written."""
+def _adopt(store: PageStore, directory: str, meta: dict) -> None:
+    """Checks an in-store checkpoint (`copy_out` ``in_store=True``): the store is the one it
+    names and still holds the version it recorded, chunk for chunk; nothing is written."""
     root, version = os.path.realpath(store.root), int(meta["store_version"])
     if meta["in_store"] != root:
         raise PageStoreError(
@@ -331,14 +300,13 @@ def _adopt(store: PageStore, directory: str, meta: dict) -> dict:
             f"restore it with that store (--store {meta['in_store']}), not {root}"
         )
     crcs = {name: meta["entries"][name]["crcs"] for name in store.entries}
-    if stale_reason(store, version, crcs) is not None:
+    if store.version != version or any(store.crcs(n) != list(c) for n, c in crcs.items()):
         raise PageStoreCorruptError(
             f"restore_paged: checkpoint {directory} is an in-store checkpoint (its optimizer "
             f"state is version {version} of page store {root}, not a copy), and the store no "
             f"longer holds that version: it holds version {store.version}, written after the "
             "checkpoint (or the store was re-created); restore an older checkpoint"
         )
-    return crcs
 
 
 def _check_page_files(store: PageStore, saved: dict, directory: str) -> None:
@@ -390,10 +358,9 @@ def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
     pager = _pager(tx)
     params = canonical(params)
     plan = pager.plan(params)
-    store = pager.open_store(plan)
+    store = pager.transaction(plan).store
     if store.version == 0:
         raise PageStoreError(f"page store {store.root} holds no committed state; call tx.init")
-    crcs = {name: store.crcs(name) for name in store.entries}
     leaves = plan.params_def.flatten_up_to(params)
     out = []
     for leaf, p in zip(plan.leaves, leaves, strict=True):
@@ -402,25 +369,22 @@ def load_state(tx: PagedTransformation, params: Any) -> tuple[Any, PagedState]:
             out.append(jnp.asarray(store.read(master.name).astype(leaf.dtype)))
         else:
             out.append(p)
-    return jax.tree.unflatten(plan.params_def, out), _state(plan, store, store.version, crcs)
+    return jax.tree.unflatten(plan.params_def, out), _state(plan, store)
 
 
-def _state(plan, store: PageStore, version: int, crcs: dict) -> PagedState:
+def _state(plan, store: PageStore) -> PagedState:
+    """The `PagedState` of the store's committed version."""
     ram = ram_from_bytes(plan, store.read(RAM_ENTRY))
     return make_state(
-        plan,
-        store.root,
-        jnp.asarray(version, jnp.int32),
-        [jnp.asarray(np.asarray(crcs[n], np.uint32)) for n in store.entries],
-        [jnp.asarray(x) for x in ram],
+        plan, store.root, jnp.asarray(store.version, jnp.int32), [jnp.asarray(x) for x in ram]
     )
 
 
-def _open(tx) -> PageStore:
-    store = _pager(tx).store
-    if store is None or store.closed:
+def _open(tx) -> PageTransaction:
+    txn = _pager(tx).txn
+    if txn is None or txn.closed:
         raise PageStoreError(
             "save_paged: the paged optimizer's store is not open; call "
             "tx.init(params) (or restore) first"
         )
-    return store
+    return txn

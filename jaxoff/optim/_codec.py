@@ -1,16 +1,15 @@
-"""How a paged state's bytes are encoded: chunk checksums packed into one host-call operand,
-the RAM leaves as the bytes of the ``ram`` entry, and each entry's chunk addresses (file ids
-per slot, encoded offsets) for the paging calls.
+"""How a paged state's bytes are encoded: the RAM leaves as the bytes of the ``ram`` entry
+(`ram_bytes` traced, `ram_bytes_np` concrete, `ram_from_bytes` back), and a chunk written with
+its crc32c (`write_chunk`).
 
->>> import numpy as np
->>> crcs = [np.arange(4, dtype=np.uint32).reshape(2, 2), np.array([7], np.uint32)]
->>> [c.tolist() for c in unpack_crcs(pack_crcs(crcs), crc_shapes(crcs))]
-[[[0, 1], [2, 3]], [7]]
+>>> import numpy as np, types
+>>> leaves = [np.int32(7), np.ones(2, np.float32)]
+>>> raw = ram_bytes_np(types.SimpleNamespace(ram_nbytes=16), leaves)
+>>> raw.size, raw[:4].view(np.int32).tolist()
+(16, [7])
 """
 
 from __future__ import annotations
-
-import math
 
 import crc32c
 import jax
@@ -19,52 +18,7 @@ import numpy as np
 from jax import lax
 
 from jaxoff.aio import PageStore
-from jaxoff.optim._pipeline import EntryIO
 from jaxoff.optim._plan import Plan
-
-
-def crc_shapes(crcs) -> tuple[tuple[int, ...], ...]:
-    """The shapes `unpack_crcs` needs to split what `pack_crcs` packed from ``crcs``."""
-    return tuple(tuple(c.shape) for c in crcs)
-
-
-def pack_crcs(crcs) -> jax.Array:
-    """Every chunk checksum of a state as one operand of a host call. A state holds one
-    checksum array per store entry; a host call has one operand per array (and on a GPU,
-    ``io_callback`` moves each to the host in a dispatch of its own): packed, a step's calls
-    take two operands instead of two per entry (`unpack_crcs` splits them again)."""
-    return jnp.concatenate([jnp.ravel(c).astype(jnp.uint32) for c in crcs])
-
-
-def unpack_crcs(packed, shapes) -> list[np.ndarray]:
-    """The per-entry checksum arrays `pack_crcs` packed, with their ``shapes``."""
-    flat = np.asarray(packed, np.uint32)
-    sizes = [math.prod(s) for s in shapes]
-    if flat.size != sum(sizes):
-        raise ValueError(f"{flat.size} packed checksums for shapes holding {sum(sizes)}")
-    parts = np.split(flat, np.cumsum(sizes)[:-1]) if shapes else []
-    return [x.reshape(s) for x, s in zip(parts, shapes, strict=True)]
-
-
-def encode(offsets) -> np.ndarray:
-    from jaxoff.aio._ffi_calls import encode_offsets
-
-    return encode_offsets(np.asarray(offsets, np.int64)).reshape(-1, 2)
-
-
-def entry_ios(store: PageStore, storages=None) -> list[EntryIO]:
-    """Per entry of ``store`` (in store order): its chunks' file ids per slot and encoded
-    offsets, for the paging calls; ``storages``: per entry, the dtype on disk (default: the
-    store's)."""
-    if storages is None:
-        storages = [e.dtype for e in store.entries.values()]
-    tabs = [store.chunk_table(s) for s in ("A", "B")]
-    out = []
-    for ei, storage in enumerate(storages):
-        rows = tabs[0]["entry"] == ei
-        fids = np.stack([t["file_id"][t["entry"] == ei] for t in tabs]).astype(np.int32)
-        out.append(EntryIO(fids, encode(tabs[0]["offset"][rows]), np.dtype(storage)))
-    return out
 
 
 def write_chunk(store: PageStore, name: str, i: int, x: np.ndarray) -> int:

@@ -33,13 +33,14 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxoff.aio import PageStoreError
-from jaxoff.optim._checkpoint import copy_in, copy_out, settle
+from jaxoff.optim._checkpoint import copy_in, copy_out
 from jaxoff.optim._checks import chain_members
-from jaxoff.optim._paged import PagedTransformation, Pager, canonical, stale_reason
+from jaxoff.optim._paged import PagedTransformation, Pager, canonical
 from jaxoff.optim._state import PagedState
 
 STATE_DIR = "state"  # the tree, as StandardSave writes it
@@ -122,21 +123,22 @@ class PagedCheckpointHandler(ocp.CheckpointHandler):
 
     def save(self, directory: epath.Path, args: PagedSave) -> None:
         pager = find_pager(args.tx)
-        jax.block_until_ready(args.item)  # the step that made the state has committed
-        store = pager.store
-        if store is None or store.closed:
+        txn = pager.txn
+        if txn is None or txn.closed:
             raise PageStoreError(
                 "PagedSave: the paged optimizer's store is not open; call "
                 "tx.init(params) (or restore) first"
             )
+        jax.block_until_ready(args.item)
+        txn.settle()  # the step that made the state has committed
+        store = txn.store
         for st in _paged_states(args.item):
-            reason = stale_reason(
-                store, jax.device_get(st.version), [jax.device_get(c) for c in st.crcs]
-            )
-            if reason is not None:
+            try:
+                txn.check_version(jax.device_get(st.version))
+            except PageStoreError as e:
                 raise PageStoreError(
-                    f"PagedSave: {reason}; save the state returned by the last step"
-                )
+                    f"PagedSave: {e}; save the state returned by the last step"
+                ) from None
         directory = epath.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         handler = ocp.StandardCheckpointHandler()
@@ -157,10 +159,14 @@ class PagedCheckpointHandler(ocp.CheckpointHandler):
         )
         pager = find_pager(args.tx)
         plan = _plan(pager, args.params)
-        settle(pager)  # steps in flight commit before the restore takes the store over
-        store = pager.open_store(plan, discard_torn=True)  # every chunk is rewritten
-        copy_in(store, plan, pages, same_parity=True)
-        return tree
+        txn = pager.transaction(plan, discard_torn=True)  # every chunk is rewritten
+        copy_in(txn, plan, pages)
+        # the restored state reads the version the checkpoint became in this store
+        version = jnp.asarray(txn.store.version, jnp.int32)
+        is_state = lambda x: isinstance(x, PagedState)  # noqa: E731
+        return jax.tree.map(
+            lambda x: x._replace(version=version) if is_state(x) else x, tree, is_leaf=is_state
+        )
 
     def metadata(self, directory: epath.Path) -> Any:
         return ocp.StandardCheckpointHandler().metadata(epath.Path(directory) / STATE_DIR)

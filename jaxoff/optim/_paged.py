@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import threading
@@ -14,66 +13,25 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError, PageStoreTornError
+from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError
 from jaxoff.aio._engine import EngineConfig
-from jaxoff.aio._ffi_calls import (
-    register_file_table,
-    unregister_file_table,
-)
-from jaxoff.aio._host_call import HostCalls
-from jaxoff.aio._layout import ALIGN, MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
+from jaxoff.aio._layout import MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
-from jaxoff.optim._codec import (  # re-exported: their home before _codec
-    crc_shapes,
-    encode,
-    entry_ios,
-    pack_crcs,
-    ram_bytes,
-    ram_bytes_np,
-    ram_from_bytes,
-    unpack_crcs,
-    write_chunk,
-)
-from jaxoff.optim._commit import StepCommit, commit_gate, stale_reason, wait_for_steps
-from jaxoff.optim._pipeline import EntryIO
-from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan, canonical, make_plan
+from jaxoff.optim._codec import ram_bytes_np
+from jaxoff.optim._plan import RAM_ENTRY, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
 from jaxoff.optim._state import PagedState, make_state
-from jaxoff.optim._stepplan import StepPlan
-from jaxoff.optim._update import compute_chunk, paged_update
+from jaxoff.optim._transaction import STALE_FIX, PagedTable, PageTransaction, wait_for_steps
+from jaxoff.optim._update import paged_update
 
 if TYPE_CHECKING:
     from jaxoff.optim._chunks_api import ChunkUpdater
 
-_write_chunk = write_chunk  # its name before _codec
-__all__ = [  # the names other modules import from here (some now defined elsewhere)
-    "DEFAULT_CHUNK_BYTES",
-    "DEFAULT_ENGINE",
-    "PagedState",
-    "PagedTransformation",
-    "Pager",
-    "canonical",
-    "commit_gate",
-    "crc_shapes",
-    "encode",
-    "entry_ios",
-    "pack_crcs",
-    "paged",
-    "prefetch_bytes",
-    "ram_bytes",
-    "ram_bytes_np",
-    "ram_from_bytes",
-    "read_bytes",
-    "stale_reason",
-    "unpack_crcs",
-    "update_and_apply",
-    "wait_for_steps",
-    "write_chunk",
-]
-
 DEFAULT_CHUNK_BYTES = 16 << 20
-DEFAULT_ENGINE = EngineConfig(pool_bytes=128 << 20)  # the paging calls' engine unless given
+DEFAULT_ENGINE = EngineConfig()  # the page files' engine unless given
+# the pager's read-ahead and writes in flight unless given: a few chunks of each
+DEFAULT_READ_AHEAD_BYTES = 128 << 20
 
 
 class PagedTransformation(optax.GradientTransformationExtraArgs):
@@ -104,6 +62,7 @@ def paged(
     engine: EngineConfig | None = None,
     slots: int = 2,
     probe: bool = True,
+    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
 ) -> PagedTransformation:
     """Pages the state of an element-wise optax transformation, and fp32 master weights, to SSD.
 
@@ -121,9 +80,11 @@ def paged(
       tx: the optax transformation, e.g. ``optax.adamw(lr)``.
       store: a page store directory (created or reopened at `init`) or an open `PageStore`
         whose layout matches.
+      read_ahead_bytes: the pager's read-ahead (and, as much again, its writes in flight):
+        how far ahead of the update the store is read, in chunks of ``chunk_bytes``.
       chunk_bytes: bytes per chunk of each paged tensor (a multiple of 4096).
       master_dtype: dtype of the master weights and of what the optimizer sees.
-      engine: I/O engine knobs for the paging calls.
+      engine: I/O engine knobs for the page files.
       slots: for a store directory: 2 (default) keeps the committed version while the next
         is written, so a crash mid-update leaves the previous step; 1 writes every update in
         place (half the disk: 12 instead of 24 bytes/parameter for fp32 masters and Adam
@@ -151,6 +112,7 @@ def paged(
         engine=engine,
         slots=slots,
         probe=probe,
+        read_ahead_bytes=read_ahead_bytes,
     )
     # optax types states as arrays and containers of them; a PagedState is a pytree all the same
     return PagedTransformation(pager.init, pager.update)  # pyright: ignore[reportArgumentType]
@@ -197,26 +159,23 @@ def _is_concrete(tree) -> bool:
     return not isinstance(jnp.zeros((), jnp.int32), jax.core.Tracer)
 
 
-def read_bytes(plan: Plan, leaf: LeafPlan, n: int) -> int:
-    """Bytes that reads of ``n`` elements of every paged tensor of ``leaf`` transfer: each
-    read's size rounded up to ``ALIGN`` (O_DIRECT transfers and staging buffers are 4 KiB
-    aligned)."""
-    return sum(-(-n * plan.entries[k].storage.itemsize // ALIGN) * ALIGN for k in leaf.entries)
-
-
-def prefetch_bytes(plan: Plan, leaf: LeafPlan, n: int) -> int:
-    """Staging that a prefetch of ``n`` elements of every paged tensor of ``leaf`` may hold
-    until it is taken: each read counted twice its `read_bytes` (staging may serve a request
-    with a cached buffer up to twice as large; a prefetch that finds no room is refused)."""
-    return 2 * read_bytes(plan, leaf, n)
-
-
 class Pager:
     """Everything behind one `paged` transformation: plan, store, compiled tables."""
 
     _chunk_updater: ChunkUpdater  # set by chunk_updater() at its first call, under its lock
 
-    def __init__(self, tx, store, *, chunk_bytes, master_dtype, engine, slots=2, probe=True):
+    def __init__(
+        self,
+        tx,
+        store,
+        *,
+        chunk_bytes,
+        master_dtype,
+        engine,
+        slots=2,
+        probe=True,
+        read_ahead_bytes=DEFAULT_READ_AHEAD_BYTES,
+    ):
         if not isinstance(tx, optax.GradientTransformation) and hasattr(
             tx, "gradient_transformation"
         ):  # optax.MultiSteps
@@ -226,26 +185,24 @@ class Pager:
         self.pre = None if pre is None else optax.with_extra_args_support(pre)
         self.inner = optax.with_extra_args_support(inner)
         self.master_dtype = np.dtype(master_dtype)
-        self._engine_given = engine is not None
         self.engine = engine if engine is not None else DEFAULT_ENGINE
+        self.read_ahead_bytes = int(read_ahead_bytes)
         self.slots = check_slots(slots)
+        self._given: PageStore | None = None  # a store given open to `paged`
         if isinstance(store, PageStore):
-            self.store, self.root, self.chunk_bytes = store, store.root, store.chunk_bytes
+            self._given, self.root, self.chunk_bytes = store, store.root, store.chunk_bytes
             self.slots = store.layout.slots
         else:
-            self.store, self.root = None, os.path.abspath(store)
+            self.root = os.path.abspath(store)
             self.chunk_bytes = _check_chunk_bytes(chunk_bytes)
+        self.txn: PageTransaction | None = None  # the store, its files and pager, while open
+        self.owner = PagedTable("jaxoff.paged")  # its table's name and the steps' plans
         self._plans: dict = {}
         self._chunk_fns: dict = {}  # (id(plan), leaf) -> (plan, jitted chunk update)
         self._probe = probe
         self._probed: set = set()
-        self._ios: list[EntryIO] | None = None
-        self._registration: int | None = None  # of the file table, while _ios is set
         self._lock = threading.Lock()
         self.close_hooks: list = []  # run by close(), once: what strategies opened beside
-        self.calls = HostCalls("jaxoff.paged")  # the step's host calls: cacheable names
-        # the check before the step's first read and the commit after its last write
-        self.commits = StepCommit(lambda: self.store, self.root, self.calls)
 
     # ------------------------------------------------------------------ plan and store
 
@@ -267,88 +224,71 @@ class Pager:
         return plan
 
     @property
+    def store(self) -> PageStore | None:
+        return None if self.txn is None or self.txn.closed else self.txn.store
+
+    @property
     def table(self) -> str:
         """The name of this optimizer's file table: unique in the process, and the same in a
         new process that builds its optimizers in the same order, so a compiled step (which
         names it) is the same program there, whatever the store's path."""
-        return self.calls.prefix
+        return self.owner.name
 
-    def open_store(self, plan: Plan, *, discard_torn: bool = False) -> PageStore:
-        """Opens (or creates) the store for ``plan`` and registers its files with the engine.
+    def open(
+        self,
+        entries,
+        *,
+        discard_torn: bool = False,
+        read_ahead_bytes: int | None = None,
+        stale_fix: str = STALE_FIX,
+    ) -> PageTransaction:
+        """The transaction of the store holding ``entries`` (``{name: (shape, dtype)}``): the
+        one open, or the store opened (or created) with its file table and pager.
 
         ``discard_torn``: a single-slot store left mid-update by a crash is re-created empty
-        instead of raising `PageStoreTornError` (for a restore that rewrites every chunk).
+        instead of raising `PageStoreTornError` (for an init that rewrites every chunk).
+        ``read_ahead_bytes``: the pager's read-ahead and writes in flight (default: `paged`'s).
+        ``stale_fix``: what a stale state's message tells the user to do.
         """
+        ahead = self.read_ahead_bytes if read_ahead_bytes is None else int(read_ahead_bytes)
         with self._lock:
-            entries = plan.store_entries()
-            if self.store is None or self.store.closed:
-                try:
-                    self.store = PageStore.open_or_create(
-                        self.root, entries, chunk_bytes=self.chunk_bytes, slots=self.slots
-                    )
-                except PageStoreTornError:
-                    if not discard_torn:
-                        raise
-                    self.store = PageStore.create(
-                        self.root,
-                        entries,
-                        exist_ok=True,
-                        chunk_bytes=self.chunk_bytes,
-                        slots=self.slots,
-                    )
-                self._ios = None
-            if list(self.store.entries) != list(entries):
+            if self.txn is None or self.txn.closed:
+                self.txn = PageTransaction.open(
+                    self.root,
+                    entries,
+                    chunk_bytes=self.chunk_bytes,
+                    slots=self.slots,
+                    table=self.owner,
+                    engine=self.engine,
+                    discard_torn=discard_torn,
+                    store=self._given,
+                    read_ahead_bytes=ahead,
+                    write_behind_bytes=ahead,
+                    stale_fix=stale_fix,
+                )
+                self._given = None
+            elif list(self.txn.store.entries) != list(entries):
                 raise PageStoreError(
                     f"page store {self.root} holds other entries than this model's optimizer "
                     "needs; pass jaxoff.paged a directory (it creates the store) or another store"
                 )
-            if self._ios is None:
-                need = self.split_phase_bytes(plan)
-                if not self._engine_given and self.engine.pool_bytes < need:
-                    self.engine = dataclasses.replace(self.engine, pool_bytes=need)
-                self._registration = register_file_table(
-                    self.table, self.store.file_table(), config=self.engine
-                )
-                self._ios = entry_ios(self.store, [dt for _, dt in entries.values()])
-            return self.store
+            return self.txn
 
-    def split_phase_bytes(self, plan: Plan) -> int:
-        """Staging for split-phase paging: per leaf, two chunks of every entry prefetched at
-        the take, plus one chunk of every entry in write-behind."""
-        per_leaf = [  # a leaf smaller than a chunk stages only itself
-            sum(plan.entries[k].storage.itemsize for k in leaf.entries)
-            * min(leaf.chunk_elems, leaf.size)
-            for leaf in plan.leaves
-        ]
-        return 3 * max(per_leaf, default=0) + (1 << 20)
-
-    def _head_chunks(self, plan: Plan) -> list[int]:
-        """Per leaf, how many of its first chunks a step prefetches at its start: the longest
-        prefix of the step's chunks (leaf by leaf) whose staged bytes fit in the staging the
-        pipeline does not need (``pool_bytes - split_phase_bytes``). Each chunk is counted
-        twice its size rounded up to ``ALIGN`` (staging buffers, like O_DIRECT transfers, are
-        4 KiB-aligned): staging may serve a request with a cached buffer up to twice
-        as large, and a prefetch that finds no room is refused."""
-        room = self.engine.pool_bytes - self.split_phase_bytes(plan)
-        cost = lambda leaf, n: prefetch_bytes(plan, leaf, n)  # noqa: E731
-        taken = StepPlan(plan).read_ahead(plan.leaves, room, cost, order="sequential")
-        return [len(taken.get(leaf.index, ())) for leaf in plan.leaves]
+    def transaction(self, plan: Plan, *, discard_torn: bool = False) -> PageTransaction:
+        """`open` for the store layout of ``plan`` (`Plan.store_entries`)."""
+        return self.open(plan.store_entries(), discard_torn=discard_torn)
 
     def close(self) -> None:
-        # A step returns before it has run (JAX dispatches programs asynchronously, and on the
-        # CPU the paged step has no io_callback to make it synchronous): its page and host
-        # calls must find the store and the file table open.
+        # A step returns before it has run (JAX dispatches programs asynchronously): its
+        # paging calls must find the pager open; closing waits for them and their commits.
         wait_for_steps()
-        if self.store is not None:
-            self.store.close()
-        if self._ios is not None:
-            # the table holds every page file open; a reopened store registers it again.
-            # Only this optimizer's registration: another one may have replaced it since.
-            unregister_file_table(self.table, self._registration)
-            self._ios = None
-        hooks, self.close_hooks = self.close_hooks, []
-        for hook in hooks:
-            hook()
+        try:
+            if self.txn is not None:
+                self.txn.close()
+        finally:
+            hooks, self.close_hooks = self.close_hooks, []
+            for hook in hooks:
+                hook()
 
     # ------------------------------------------------------------------ init
 
@@ -359,15 +299,19 @@ class Pager:
         pre_state = [] if self.pre is None else jax.tree.leaves(self.pre.init(params))
         if not _is_concrete(params):  # under eval_shape/jit: shapes only, disk untouched
             ram = tuple(pre_state) + tuple(_chunk.ram_init(plan, self.inner, self.master_dtype))
-            crcs = tuple(
-                jnp.zeros((self._num_chunks(plan, e),), jnp.uint32) for e in [*plan.store_entries()]
-            )
-            return make_state(plan, self.root, jnp.zeros((), jnp.int32), crcs, ram)
-        store = self.open_store(plan, discard_torn=True)  # init rewrites every chunk
+            return make_state(plan, self.root, jnp.zeros((), jnp.int32), ram)
+        txn = self.transaction(plan, discard_torn=True)  # init rewrites every chunk
         with jax.ensure_compile_time_eval():
             ram = [np.asarray(x) for x in pre_state]
             ram += [np.asarray(x) for x in _chunk.ram_init(plan, self.inner, self.master_dtype)]
-        crcs = {}
+        version = txn.write_initial(self._initial_chunks(plan, params, ram))
+        return make_state(
+            plan, self.root, jnp.asarray(version, jnp.int32), [jnp.asarray(x) for x in ram]
+        )
+
+    def _initial_chunks(self, plan: Plan, params, ram):
+        """Every chunk of the first version: per leaf the master (if any) and the inner
+        optimizer's initial state, chunk by chunk; then the RAM leaves' entry."""
         p_leaves = plan.params_def.flatten_up_to(params)
         for leaf, p in zip(plan.leaves, p_leaves, strict=True):
             entries = [plan.entries[k] for k in leaf.entries]
@@ -377,8 +321,6 @@ class Pager:
                 )
             )
             flat = np.asarray(p).reshape(-1)
-            for e in entries:
-                crcs[e.name] = []
             for c in range(leaf.num_chunks):
                 start = c * leaf.chunk_elems
                 pc = flat[start : start + leaf.chunk_size(c)]
@@ -388,22 +330,8 @@ class Pager:
                 if leaf.master:
                     chunks = [pc, *chunks]
                 for e, x in zip(entries, chunks, strict=True):
-                    crcs[e.name].append(_write_chunk(store, e.name, c, x.astype(e.storage)))
-        crcs[RAM_ENTRY] = [_write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
-        version = store.commit(crcs)
-        return make_state(
-            plan,
-            self.root,
-            jnp.asarray(version, jnp.int32),
-            [jnp.asarray(np.asarray(v, np.uint32)) for v in crcs.values()],
-            [jnp.asarray(x) for x in ram],
-        )
-
-    def _num_chunks(self, plan: Plan, name: str) -> int:
-        if name == RAM_ENTRY:
-            return 1
-        e = next(e for e in plan.entries if e.name == name)
-        return plan.leaves[e.leaf].num_chunks
+                    yield e.name, c, x.astype(e.storage)
+        yield RAM_ENTRY, 0, ram_bytes_np(plan, ram)
 
     # ------------------------------------------------------------------ update
 
@@ -417,10 +345,6 @@ class Pager:
 
     def _step(self, grads, state: PagedState, params, *, apply: bool, extra: dict):
         return paged_update(self, grads, state, params, apply=apply, extra=extra)
-
-    def _compute(self, *args):
-        """`_update.compute_chunk` (one chunk's update) of this optimizer."""
-        return compute_chunk(self, *args)
 
 
 def _check_chunk_bytes(chunk_bytes) -> int:

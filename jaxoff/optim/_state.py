@@ -46,10 +46,10 @@ class PagedState(NamedTuple):
     """The state of a `jaxoff.paged` transformation: what stays in RAM, and where the rest is.
 
     Attributes:
-      version: the page store version this state describes; its reads come from that
-        version's slot. An operand, so a new version never recompiles the step.
-      crcs: per store entry (plan order, the ``ram`` entry last), the crc32c of each chunk of
-        that version: what the next reads verify, and how a stale state is recognised.
+      version: the page store version this state describes (int32); a step reads that
+        version and the pager refuses a state whose version is not the store's (a stale
+        state). An operand, so a new version never recompiles the step. Everything else of
+        the pages (where each chunk lives, its crc32c) is the pager's, on the host.
       master: the fp32 master weights (`PagedTensors`), or None when the parameters are
         the master dtype.
       pre_state: the state of global operations run on the gradients before the pipeline
@@ -60,7 +60,6 @@ class PagedState(NamedTuple):
     """
 
     version: Any
-    crcs: tuple
     master: PagedTensors | None
     pre_state: Any
     inner_state: Any
@@ -121,11 +120,11 @@ def paged_nodes(plan: Plan, root: str) -> tuple[PagedTensors | None, list[PagedT
     return (node(masters) if masters else None), subtrees
 
 
-def make_state(plan: Plan, root: str, version, crcs, ram) -> PagedState:
-    """The `PagedState` of ``plan`` from its version, crcs and RAM leaves (plan order)."""
+def make_state(plan: Plan, root: str, version, ram) -> PagedState:
+    """The `PagedState` of ``plan`` from its version and RAM leaves (plan order)."""
     ram = list(ram)
     master, subtrees = paged_nodes(plan, root)
     pre = jax.tree.unflatten(plan.pre_def, ram[: plan.num_pre])
     inner_ram = ram[plan.num_pre :]
     nodes = [inner_ram[k] if kind == "ram" else subtrees[k] for kind, k in plan.nodes]
-    return PagedState(version, tuple(crcs), master, pre, jax.tree.unflatten(plan.state_def, nodes))
+    return PagedState(version, master, pre, jax.tree.unflatten(plan.state_def, nodes))

@@ -1,135 +1,129 @@
-"""The step plan: the (entry, chunk) reads and writes a paged step makes, in order, known at
-trace time; and what of them is read ahead.
+"""The step plan: the reads and writes of one traced paged step, in the order they run.
 
-A chunk `Plan` says how each parameter leaf's optimizer state is cut into store entries and
-chunks. A paged step walks it: per leaf, per part (the whole leaf for `paged`; one layer of
-a stacked block leaf for Fuyou, whose store holds an entry per layer), per chunk, it reads
-that chunk of every entry of the leaf, updates it, and writes it back. `StepPlan` is that
-walk as data:
+A paged step pages through one `StepRecorder` (`jaxoff.optim.chunks.PageTransaction.begin`):
+every ``take`` and ``put`` it lowers is a *site* (one paging call of the program) whose
+address, the store entry and chunk it moves, may depend on the static index of each scan it
+runs in (`StepRecorder.scan`: a chunk index, a layer). The recorder keeps the program's shape,
+sites in call order and scans with the values of their trips, and `StepPlan` is that shape as
+data: `StepPlan.ios` expands it into every read and write in the order the calls run (one
+token chain orders them all), which is the plan the pager is given for the step, and
+`StepPlan.trips` says how often each site runs. The lowering and the pager's plan come from
+the same record, so they cannot disagree.
 
-- `StepPlan.ios` lists it, read by read and write by write (what a GPU paging engine
-  consumes as its per-call-site schedule);
-- `StepPlan.read_ahead` chooses the leading chunks that a step reads ahead of its update
-  within a staging budget. `paged`'s head start (``order="sequential"``: the longest prefix
-  of the step's chunks, leaf by leaf) and Fuyou's read-ahead of a layer
-  (``order="round_robin"``: every tensor's first chunk, then each tensor's next one in turn)
-  are the same question asked in two orders, answered here for both.
-
->>> import optax, tempfile, jax.numpy as jnp
->>> from jaxoff.optim import paged
->>> from jaxoff.optim.chunks import chunk_updater
->>> tx = paged(optax.adam(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=4096)
->>> plan = chunk_updater(tx).plan({"w": jnp.ones((2, 1500), jnp.float32)})
->>> sp = StepPlan(plan)
->>> sp.chunks(plan.leaves[0])  # 3000 elements in chunks of 1024
-[1024, 1024, 952]
->>> [(io.kind, plan.entries[io.entry].name, io.chunk) for io in sp.ios()][:3]
-[('read', 'opt.0.mu.w', 0), ('read', 'opt.0.nu.w', 0), ('write', 'opt.0.mu.w', 0)]
->>> cost = lambda leaf, n: 8 * n  # two float32 tensors
->>> sp.read_ahead(plan.leaves, 20000, cost)  # 8192 + 8192 fit, 7616 more do not
-{0: [1024, 1024]}
->>> StepPlan(plan, parts=(2,)).chunks(plan.leaves[0])  # one of two layers: 1500 elements
-[1024, 476]
->>> tx.close()
+>>> loop = Loop((2, 1, 0))  # a reverse scan over three layers
+>>> take = Site(0, "read", lambda env: (f"w@{env[loop]}", 0), 4096, (loop,))
+>>> put = Site(1, "write", lambda env: ("ram", 0), 64, ())
+>>> loop.body.append(take)
+>>> plan = StepPlan((loop, put), (take, put))
+>>> [(io.kind, io.entry) for io in plan.ios()]
+[('read', 'w@2'), ('read', 'w@1'), ('read', 'w@0'), ('write', 'ram')]
+>>> plan.trips()
+{0: 3, 1: 1}
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from jaxoff.optim._plan import LeafPlan, Plan
+
+class Loop:
+    """A scan that paging calls run in: the static value of each trip, in the order the trips
+    run (a reverse scan's last element first), and the sites and scans of its body."""
+
+    def __init__(self, values: Sequence[int]):
+        self.values = tuple(int(v) for v in values)
+        self.body: list[Site | Loop] = []
+
+    def __repr__(self) -> str:
+        return f"Loop({len(self.values)} trips, {len(self.body)} nodes)"
+
+
+# where a site's call moves bytes, given the value of each scan it runs in
+Address = Callable[[Mapping[Loop, int]], tuple[str, int]]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Site:
+    """One paging call of a traced step: ``kind`` ``read`` (``page_take``) or ``write``
+    (``page_out``) of ``nbytes``; ``address(env)`` is the ``(entry name, chunk index)`` it moves
+    when the scans ``loops`` (outermost first) are at the values ``env`` gives them."""
+
+    index: int
+    kind: Literal["read", "write"]
+    address: Address
+    nbytes: int
+    loops: tuple[Loop, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class ChunkIO:
-    """One read or write of a step: chunk ``chunk`` (of ``elems`` elements) of plan entry
-    ``entry`` (of leaf ``leaf``), in part ``part`` of the leaf (a layer; 0 when whole)."""
+    """One read or write of a step: ``nbytes`` of chunk ``chunk`` of store entry ``entry``,
+    moved by site ``site``."""
 
     kind: Literal["read", "write"]
-    leaf: int
-    entry: int
-    part: int
+    site: int
+    entry: str
     chunk: int
-    elems: int
+    nbytes: int
+
+
+Node = Site | Loop
 
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
-    """The chunks a paged step moves, over a chunk `Plan`.
+    """A traced step's sites (``sites``, by index) and its shape (``root``: sites and scans
+    in call order)."""
 
-    Args:
-      plan: the chunk plan (`jaxoff.optim.chunks.chunk_updater(tx).plan(params)`).
-      parts: per leaf, the equal parts it is paged in (1: whole; a stacked block leaf of
-        ``L`` layers paged a layer at a time: ``L``); default all 1.
-    """
+    root: tuple[Node, ...]
+    sites: tuple[Site, ...]
 
-    plan: Plan
-    parts: tuple[int, ...] | None = None
+    def ios(self) -> list[ChunkIO]:
+        """Every read and write of the step, in the order the calls run."""
+        out: list[ChunkIO] = []
 
-    def parts_of(self, leaf: LeafPlan) -> int:
-        return 1 if self.parts is None else self.parts[leaf.index]
+        def walk(nodes: Sequence[Node], env: dict) -> None:
+            for node in nodes:
+                if isinstance(node, Loop):
+                    for v in node.values:
+                        walk(node.body, {**env, node: v})
+                else:
+                    entry, chunk = node.address(env)
+                    out.append(ChunkIO(node.kind, node.index, str(entry), int(chunk), node.nbytes))
 
-    def chunks(self, leaf: LeafPlan) -> list[int]:
-        """The sizes (elements) of the chunks of one part of ``leaf``."""
-        n_full, tail = divmod(leaf.size // self.parts_of(leaf), leaf.chunk_elems)
-        return [leaf.chunk_elems] * n_full + ([tail] if tail else [])
-
-    def ios(self, leaves: Iterable[LeafPlan] | None = None) -> list[ChunkIO]:
-        """The step's reads and writes in order: per leaf (``leaves``, default the plan's),
-        per part, per chunk, that chunk of each of the leaf's entries read, then written."""
-        out = []
-        for leaf in self.plan.leaves if leaves is None else leaves:
-            for part in range(self.parts_of(leaf)):
-                for c, n in enumerate(self.chunks(leaf)):
-                    for kind in ("read", "write"):
-                        out += [ChunkIO(kind, leaf.index, k, part, c, n) for k in leaf.entries]
+        walk(self.root, {})
         return out
 
-    def read_ahead(
-        self,
-        leaves: Iterable[LeafPlan],
-        budget: int,
-        cost: Callable[[LeafPlan, int], int],
-        order: Literal["sequential", "round_robin"] = "sequential",
-    ) -> dict[int, list[int]]:
-        """The leading chunks of one part of each of ``leaves`` (those with paged tensors)
-        read ahead within ``budget`` bytes, ``cost(leaf, elems)`` each: ``{leaf index:
-        their sizes}``.
+    def trips(self) -> dict[int, int]:
+        """How often each site of the plan runs in one step: the product of the trip counts
+        of the scans around it."""
+        out: dict[int, int] = {}
 
-        ``sequential``: the longest prefix of the leaves' chunks, leaf by leaf, whose costs
-        fit (a leaf none of whose chunks fit is left out). ``round_robin``: every leaf's
-        first chunk, whatever its cost, then each leaf's next chunk in turn while the total
-        stays within ``budget``.
-        """
-        chunks = {leaf.index: self.chunks(leaf) for leaf in leaves if leaf.entries}
-        leaf_of = {leaf.index: leaf for leaf in self.plan.leaves}
-        if order == "sequential":
-            taken: dict[int, list[int]] = {}
-            used = 0
-            for k, sizes in chunks.items():
-                for n in sizes:
-                    need = cost(leaf_of[k], n)
-                    if used + need > budget:
-                        return taken
-                    taken.setdefault(k, []).append(n)
-                    used += need
-            return taken
-        if order != "round_robin":
-            raise ValueError(f"order={order!r}: use 'sequential' or 'round_robin'")
-        taken = {k: c[:1] for k, c in chunks.items()}
-        used = sum(cost(leaf_of[k], n) for k, c in taken.items() for n in c)
-        while True:
-            grew = False
-            for k, c in chunks.items():
-                i = len(taken[k])
-                if i < len(c):
-                    need = cost(leaf_of[k], c[i])
-                    if used + need > budget:
-                        return taken
-                    taken[k].append(c[i])
-                    used += need
-                    grew = True
-            if not grew:
-                return taken
+        def walk(nodes: Sequence[Node], n: int) -> None:
+            for node in nodes:
+                if isinstance(node, Loop):
+                    walk(node.body, n * len(node.values))
+                else:
+                    out[node.index] = n
+
+        walk(self.root, 1)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """``{"read": n, "write": m}``: the step's reads and writes."""
+        trips = self.trips()
+        by_site = {s.index: s for s in self.sites}
+        out = {"read": 0, "write": 0}
+        for i, n in trips.items():
+            out[by_site[i].kind] += n
+        return out
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes the step reads and writes."""
+        trips = self.trips()
+        out = {"read": 0, "write": 0}
+        for s in self.sites:
+            out[s.kind] += trips.get(s.index, 0) * s.nbytes
+        return out

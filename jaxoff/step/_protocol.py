@@ -103,7 +103,7 @@ class Step(Protocol):
         ...
 
     def io_table(self) -> str | None:
-        """The file table the step pages through (for ``jaxoff.aio.file_table_stats``), or
+        """The file table the step pages through (for ``jaxoff.aio.io_stats``), or
         None when it pages nothing."""
         ...
 

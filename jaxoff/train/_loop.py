@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _faults
 from .._errors import ConfigError, JaxoffError
-from ..aio import WAIT_COUNTERS, PageStoreCorruptError, file_table_stats
+from ..aio import WAIT_COUNTERS, PageStoreCorruptError, io_stats
 from ..step import Step
 from ..strategies import build_step
 from ._checkpoint import Checkpoints
@@ -322,11 +322,13 @@ def _evaluate(evaluate, state, val_batches, eval_batches: int) -> float:
 
 
 class IoSplit:
-    """A paged step's time split, from the optimizer's file table (engine counters).
+    """A paged step's time split, from the counters of the optimizer's file table (its
+    engine and its pager: `jaxoff.aio.io_stats`).
 
     Per step: ``io_s``, the wall time the engine had reads or writes in flight;
-    ``io_wait_s``, the time the step spent blocked on them (takes, prefetches and
-    write-behind writes waiting for staging, the commit's flush); ``compute_s`` =
+    ``io_wait_s``, the time the step's paging calls spent blocked on them (takes waiting for
+    their reads, puts for a free write slot, the begin for the previous step's commit);
+    ``compute_s`` =
     step time - ``io_wait_s``; ``io_hidden`` = 1 - ``io_wait_s`` / ``io_s`` (at least 0),
     the share of the paging I/O that ran behind compute. Nothing when the optimizer is not
     paged.
@@ -338,7 +340,7 @@ class IoSplit:
         self._table = table
 
     def snapshot(self) -> dict | None:
-        return file_table_stats(self._table) if self._table else None
+        return io_stats(self._table) if self._table else None
 
     def record(self, before: dict | None, step_s: float) -> dict:
         after = self.snapshot()

@@ -1,5 +1,5 @@
 """The stall watchdog: a step that runs far longer than the median step gets one line saying
-what it is waiting on, read from the paged I/O engine's counters.
+what it is waiting on, read from the paging counters (the pager's and its engine's).
 
 A thread checks the running step every ``poll_s`` seconds; past ``max(min_s, factor x
 median)`` it reports once (the reads and writes in flight now, the waits and bytes so far in
@@ -21,24 +21,23 @@ from ..aio import WAIT_COUNTERS
 # counter -> what a caller blocked on it was waiting for
 _WAITS = {
     "take_wait_ns": "take",
-    "prefetch_wait_ns": "prefetch",
-    "write_wait_ns": "write-behind",
-    "flush_wait_ns": "flush",
+    "put_wait_ns": "write slots",
+    "begin_wait_ns": "last commit",
 }
 assert set(_WAITS) == set(WAIT_COUNTERS)
 
 
 def waiting_on(before: dict | None, now: dict | None) -> str:
-    """What a step is waiting on, from the engine counters at its start and now.
+    """What a step is waiting on, from the paging counters at its start and now.
 
     >>> waiting_on(None, None)
     'not paged I/O (the optimizer is not paged): compute or the host'
-    >>> c = dict(reads_in_flight=0, writes_in_flight=0, tickets=0, read_bytes=0, write_bytes=0,
-    ...          take_wait_ns=0, prefetch_wait_ns=0, write_wait_ns=0, flush_wait_ns=0)
+    >>> c = dict(reads_in_flight=0, writes_in_flight=0, read_bytes=0, write_bytes=0,
+    ...          take_wait_ns=0, put_wait_ns=0, begin_wait_ns=0)
     >>> waiting_on(c, {**c, "reads_in_flight": 3, "take_wait_ns": 12 * 10**9,
     ...                 "read_bytes": 2**30})
-    'paged reads (3 reads, 0 writes in flight; this step so far: take 12s, prefetch 0.0s, \
-write-behind 0.0s, flush 0.0s waited, 1074 MB read, 0 MB written)'
+    'paged reads (3 reads, 0 writes in flight; this step so far: take 12s, write slots 0.0s, \
+last commit 0.0s waited, 1074 MB read, 0 MB written)'
     """
     if before is None or now is None:
         return "not paged I/O (the optimizer is not paged): compute or the host"

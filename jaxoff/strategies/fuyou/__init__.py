@@ -5,42 +5,38 @@ Single GPU". Plain paged training runs the whole backward pass, then pages every
 optimizer state through the update. Here the backward pass is a hand-written reverse scan over
 the stacked blocks whose body computes layer ``j``'s gradients (the block's VJP, the block
 recomputed from its saved input as under ``nothing_saveable``) and pages layer ``j + 1``'s
-fp32 master and moments through the update (its gradients come from the previous body):
-split-phase reads, the chunk arithmetic of ``jaxoff.paged`` (through its public chunk-update
-API, `jaxoff.optim.chunks.chunk_updater`, so every element is bitwise what the sequential paged
-update computes) and write-behind writes. Layer 0 is updated after the scan, then the
-embeddings, final norm and head.
+fp32 master and moments through the update (its gradients come from the previous body): the
+chunk arithmetic of ``jaxoff.paged`` through its public chunk-update API
+(`jaxoff.optim.chunks.chunk_updater`, so every element is bitwise what the sequential paged
+update computes), in the same paging transaction (`jaxoff.optim.chunks.PageTransaction`: one
+``page_begin``, the takes and puts, one ``page_commit``). Layer 0 is updated after the scan,
+then the embeddings, final norm and head.
 
 The backward scan is software-pipelined: its step for layer ``j`` differentiates layer ``j``
 and pages layer ``j + 1``'s update (gradients carried from the previous step), with no data
 path between the two in either direction (``tests/test_fuyou.py`` checks this on the traced
-program), so the update's reads, arithmetic and writes may run while layer ``j``'s matmuls
-do; ``jaxoff_page_take`` hands XLA's thread back while a read is in flight. Layer ``j``'s
-optimizer state is read in the step that differentiates layer ``j``, a step before its update
-takes it (the tickets cross the scan's carry): the whole layer when it fits
-``fuyou_init``'s ``read_ahead_bytes`` (default 128 MiB or 1/32 of RAM), else the leading
-chunks of every tensor that fit, the rest read by the update's own pipeline. The store commit
-runs behind the next step (``PageStore.commit(background=True)``). A layer's gradients are
-carried to its update flat: in their own shapes XLA:CPU stored the 2-D ones column-major and
-transposed them back twice a layer. How close the step comes to its bound max(compute-only,
-pure I/O) is measured by ``bench/fuyou.py`` and ``bench/fuyou_capacity.py`` (figures in
-``docs/benchmarks.md``). The paper runs the update on the host CPU while the GPU computes.
-Not done here: Fuyou's activation swapping to SSD, pipelined GPU-CPU-SSD, and its automatic
-choice of how much to swap; activations stay on the device (each block's input, the block
-recomputed in backward).
+program), so the update's takes, arithmetic and puts may run while layer ``j``'s matmuls do.
+The pager reads ahead in the step plan's order (layer ``j``'s state while layer ``j + 1`` is
+updated: the whole layer when it fits ``fuyou_init``'s ``read_ahead_bytes``, default 128 MiB
+or 1/32 of RAM), so a take finds its chunk read; a take still waiting for the disk hands
+XLA's thread back. The store commit runs on the pager's thread, behind the next step's start.
+A layer's gradients are carried to its update flat: in their own shapes XLA:CPU stored the
+2-D ones column-major and transposed them back twice a layer. How close the step comes to its
+bound max(compute-only, pure I/O) is measured by ``bench/fuyou.py`` and
+``bench/fuyou_capacity.py`` (figures in ``docs/benchmarks.md``). The paper runs the update on
+the host CPU while the GPU computes. Not done here: Fuyou's activation swapping to SSD,
+pipelined GPU-CPU-SSD, and its automatic choice of how much to swap; activations stay on the
+device (each block's input, the block recomputed in backward).
 
 Store layout: each paged tensor of a stacked block leaf is stored as one entry per layer
-(``<entry>@<layer>``), so that layer ``j``'s chunks are addressed with the dynamic scan index
-(file ids, offsets and crcs are ``[L, ...]`` operands indexed by ``j``). Crash consistency is
-the store's: every write goes to the inactive slot and one commit, after a ``page_flush`` of all
-of the step's writes, makes them the next version at the end of the step.
+(``<entry>@<layer>``): the step plan names layer ``j``'s entries by the layer scan's static
+trip values. Crash consistency is the store's: every write goes to the inactive slot and the
+pager commits the step as the next version once its writes are durable.
 
-The package: `_layout` (the store layout and the tables the step indexes), `_step` (the
-step: forward, the backward scan's body and the tail update, over one `_step.StepContext`),
-`_loss` (the loss of a ``page_params`` model), `_checkpoint` (init, save, restore), `_bits`
-(layers of the stacked leaves as bits), `_params` (the paged block parameters). The state
-is checked and committed with the plain paged step's protocol (``jaxoff.optim.chunks.StepCommit``),
-and the read-ahead chosen by its step plan (``jaxoff.optim.chunks.StepPlan``).
+The package: `_layout` (the store layout and the transaction), `_step` (the step: forward,
+the backward scan's body and the tail update, over one `_step.StepContext`), `_loss` (the
+loss of a ``page_params`` model), `_checkpoint` (init, save, restore), `_bits` (layers of the
+stacked leaves as bits), `_params` (the paged block parameters).
 
 Global operations that need every gradient first (``clip_by_global_norm``, ...) are refused.
 

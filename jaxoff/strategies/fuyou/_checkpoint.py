@@ -11,18 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxoff._errors import ConfigError
-from jaxoff.aio import (
-    PageStoreError,
-)
-from jaxoff.optim.chunks import (
-    RAM_ENTRY,
-    as_bits,
-    copy_in,
-    copy_out,
-    ram_bytes_np,
-    ram_from_bytes,
-    write_chunk,
-)
+from jaxoff.aio import PageStoreError
+from jaxoff.optim.chunks import RAM_ENTRY, as_bits, copy_in, copy_out, ram_bytes_np, ram_from_bytes
 
 from . import _params as fp
 from ._bits import put_bits
@@ -33,7 +23,6 @@ from ._layout import (
     _is_block_path,
     _laid_out,
     _layer_chunks,
-    _Layout,
     _layout,
     _layouts,
     _updater,
@@ -56,14 +45,12 @@ def fuyou_init(
       page_params: write the stacked block parameters to the store too, for
         ``make_fuyou_step(..., page_params=True)``; the training state then holds
         `fuyou_resident` ``(params)`` instead of ``params``.
-      read_ahead_bytes: optimizer state read ahead of each layer's update, while the layer
-        above it is differentiated (default `default_read_ahead_bytes`: 128 MiB or 1/32 of
-        RAM, the larger): the whole layer when its state fits, else the leading chunks of
-        each of its tensors (the rest is read by the update, after the layer's matmuls, not
-        hidden). Staging may hold four times this (two layers in flight, each read counted
-        twice); lower it to bound memory, 0 reads each tensor's first chunk only. Fixed
-        while the store is open: a different value for the same ``tx`` raises
-        `ConfigError` (None keeps the one it was opened with).
+      read_ahead_bytes: how far the pager reads ahead of the step's takes (the next
+        layer's state while a layer is differentiated and updated), and as much again of
+        writes in flight (default `default_read_ahead_bytes`: 128 MiB or 1/32 of RAM, the
+        larger); lower it to bound memory (at least two chunks are held each way). Fixed
+        while the store is open: a different value for the same ``tx`` raises `ConfigError`
+        (None keeps the one it was opened with).
 
     Returns:
       the `FuyouState` to put in ``TrainState.opt_state``.
@@ -71,68 +58,53 @@ def fuyou_init(
     _check_model(model_cfg)
     updater = _updater(tx)
     lay = _layout(tx, params, page_params, read_ahead_bytes)
-    plan, store = lay.plan, lay.store
+    plan = lay.plan
     with jax.ensure_compile_time_eval():
         ram = [np.asarray(x) for x in updater.ram_init(plan)]
-    crcs: dict[str, list[int]] = {}
     paged_leaves = {e.leaf: e for e in lay.params}
     inits = [
         jax.jit(functools.partial(updater.chunk_init, plan, leaf.index)) for leaf in plan.leaves
     ]
     leaves = plan.params_def.flatten_up_to(params)
 
-    def write(leaf, x, suffix: str) -> None:
-        """Writes one leaf (one layer of a block leaf) and its optimizer state."""
+    def chunks(leaf, x, suffix: str):
+        """One leaf's (one layer of a block leaf's) chunks and those of its state."""
         flat = np.asarray(x).reshape(-1)
         n_full, tail = _layer_chunks(lay, leaf)
         for c in range(n_full + (1 if tail else 0)):
             pc = flat[c * leaf.chunk_elems :][: leaf.chunk_elems]
             if leaf.master:
                 pc = pc.astype(updater.master_dtype)
-            chunks = [np.asarray(y) for y in inits[leaf.index](pc)]
+            out = [np.asarray(y) for y in inits[leaf.index](pc)]
             if leaf.master:
-                chunks = [pc, *chunks]
-            for k, y in zip(leaf.entries, chunks, strict=True):
+                out = [pc, *out]
+            for k, y in zip(leaf.entries, out, strict=True):
                 e = plan.entries[k]
-                name = e.name + suffix
-                crcs.setdefault(name, []).append(write_chunk(store, name, c, y.astype(e.storage)))
+                yield e.name + suffix, c, y.astype(e.storage)
         pe = paged_leaves.get(leaf.index)
         if pe is not None:
-            crcs[pe.name + suffix] = [
-                write_chunk(store, pe.name + suffix, c, flat[start : start + n].astype(pe.dtype))
-                for c, (start, n) in enumerate(pe.chunks)
-            ]
+            for c, (start, n) in enumerate(pe.chunks):
+                yield pe.name + suffix, c, flat[start : start + n].astype(pe.dtype)
 
-    for leaf, p in zip(plan.leaves, leaves, strict=True):
-        if not lay.blocks[leaf.index]:
-            write(leaf, p, "")
-    # layer by layer (every leaf of layer j, then j + 1): one layer in memory at a time,
-    # and a layerwise model (jaxoff.nn.layerwise_params) makes each layer once
-    for j in range(lay.num_layers):
+    def every_chunk():
         for leaf, p in zip(plan.leaves, leaves, strict=True):
-            if lay.blocks[leaf.index]:
-                write(leaf, p[j], f"@{j}")
-    crcs[RAM_ENTRY] = [write_chunk(store, RAM_ENTRY, 0, ram_bytes_np(plan, ram))]
-    version = store.commit(crcs)
-    return _state(lay, version, crcs, ram)
+            if not lay.blocks[leaf.index]:
+                yield from chunks(leaf, p, "")
+        # layer by layer (every leaf of layer j, then j + 1): one layer in memory at a time,
+        # and a layerwise model (jaxoff.nn.layerwise_params) makes each layer once
+        for j in range(lay.num_layers):
+            for leaf, p in zip(plan.leaves, leaves, strict=True):
+                if lay.blocks[leaf.index]:
+                    yield from chunks(leaf, p[j], f"@{j}")
+        yield RAM_ENTRY, 0, ram_bytes_np(plan, ram)
+
+    version = lay.txn.write_initial(every_chunk())
+    return _state(version, ram)
 
 
-def _state(lay: _Layout, version: int, crcs: dict, ram) -> FuyouState:
-    """The `FuyouState` of store version ``version``: ``crcs`` per store entry name."""
-    out = []
-    for e in lay.plan.entries:
-        if lay.blocks[e.leaf]:
-            out.append(np.stack([crcs[f"{e.name}@{j}"] for j in range(lay.num_layers)]))
-        else:
-            out.append(np.asarray(crcs[e.name]))
-    out.append(np.asarray(crcs[RAM_ENTRY]))
-    pcrcs = [np.stack([crcs[f"{e.name}@{j}"] for j in range(lay.num_layers)]) for e in lay.params]
-    return FuyouState(
-        jnp.asarray(version, jnp.int32),
-        tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in out),
-        tuple(jnp.asarray(x) for x in ram),
-        tuple(jnp.asarray(np.asarray(c, np.uint32)) for c in pcrcs),
-    )
+def _state(version: int, ram) -> FuyouState:
+    """The `FuyouState` of store version ``version`` with RAM leaves ``ram``."""
+    return FuyouState(jnp.asarray(version, jnp.int32), tuple(jnp.asarray(x) for x in ram))
 
 
 def fuyou_save(
@@ -152,10 +124,11 @@ def fuyou_save(
     """
     lay = _laid_out(tx, "fuyou_save")
     opt_state = jax.device_get(jax.block_until_ready(opt_state))
-    assert lay.commits is not None  # `_layout` sets it on every layout it returns
-    reason = lay.commits.stale(opt_state.version, [*opt_state.crcs, *opt_state.params])
-    if reason is not None:
-        raise PageStoreError(f"fuyou_save: {reason}; save the state the last step returned")
+    lay.txn.settle()  # the step that made the state has committed
+    try:
+        lay.txn.check_version(opt_state.version)
+    except PageStoreError as e:
+        raise PageStoreError(f"fuyou_save: {e}; save the state the last step returned") from None
     return copy_out(lay.store, directory, in_store=in_store, extra=extra)
 
 
@@ -181,9 +154,9 @@ def fuyou_restore(
     _check_model(model_cfg)
     lay = _layout(tx, _abstract_params(model_cfg), page_params, read_ahead_bytes)
     want = {n: (e.shape, e.dtype) for n, e in lay.store.entries.items()}
-    crcs, _ = copy_in(lay.store, lay.plan, directory, want=want)
+    copy_in(lay.txn, lay.plan, directory, want=want)
     ram = ram_from_bytes(lay.plan, lay.store.read(RAM_ENTRY))
-    return _state(lay, lay.store.version, crcs, [np.asarray(x) for x in ram])
+    return _state(lay.store.version, [np.asarray(x) for x in ram])
 
 
 def fuyou_resident(params):

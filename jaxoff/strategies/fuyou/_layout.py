@@ -1,12 +1,10 @@
 """Fuyou's store layout: how a model's optimizer state (and, with ``page_params``, its
-block parameters) sits in the page store, and the tables the step indexes; the state's
-checks (`StepCommit`) and the read-ahead (`StepPlan`) of that layout.
+block parameters) sits in the page store, and the paging transaction its step runs through.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 import weakref
 from typing import NamedTuple
@@ -16,24 +14,16 @@ import numpy as np
 from flax import nnx
 
 from jaxoff._errors import ConfigError
-from jaxoff.aio import (
-    HostCalls,
-    PageStore,
-    PageStoreError,
-    register_file_table,
-    unregister_file_table,
-)
+from jaxoff.aio import PageStoreError
 from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
 from jaxoff.optim import PagedTransformation
 from jaxoff.optim.chunks import (
     RAM_ENTRY,
     ChunkUpdater,
+    PageTransaction,
     Plan,
-    StepCommit,
-    StepPlan,
     chunk_updater,
     ends_with_paged,
-    entry_ios,
     path_name,
 )
 
@@ -44,46 +34,42 @@ class FuyouState(NamedTuple):
     """The RAM part of Fuyou's optimizer state; the rest is version ``version`` of the store.
 
     Attributes:
-      version: the store version this state describes (reads come from its slot).
-      crcs: per plan entry (``ChunkUpdater.plan`` order), the crc32c of each chunk: ``uint32[L, n]``
-        for an entry of a stacked block leaf (``n`` chunks per layer), ``uint32[n]`` else;
-        then ``uint32[1]`` for the ``ram`` entry.
+      version: the store version this state describes (int32): the step reads it (the pager
+        refuses a state that is not the store's version) and returns ``version + 1``.
       ram: the inner optimizer's RAM leaves (step counts, ...).
-      params: with paged parameters (``page_params=True``), per stacked block leaf (plan
-        order), the crc32c of each chunk of each layer's parameters, ``uint32[L, n]``; else
-        empty.
     """
 
     version: jax.Array
-    crcs: tuple[jax.Array, ...]
     ram: tuple[jax.Array, ...]
-    params: tuple[jax.Array, ...] = ()
 
 
 @dataclasses.dataclass
 class _Layout:
-    """How one model's optimizer state sits in the store, and the tables the step indexes."""
+    """How one model's optimizer state sits in the store, and the transaction of its step."""
 
     plan: Plan
     blocks: tuple[bool, ...]  # per plan leaf: a stacked block leaf
     num_layers: int
-    store_names: list[str]  # the optimizer state's store entry names, in store order
-    store_of: list[tuple[int, int]]  # per store entry: (crcs index, layer or -1)
-    fids: list[np.ndarray]  # per plan entry: int32 [L, 2, n] (block) or [2, n]
-    offs: list[np.ndarray]  # per plan entry: uint32 [L, n, 2] (block) or [n, 2]
-    store: PageStore
+    txn: PageTransaction  # the store, its file table and pager
     params: list[fp.ParamEntry]  # with paged parameters: per stacked block leaf; else empty
-    calls: HostCalls  # the step's host calls (and the table's name)
-    # per plan leaf with paged tensors: the sizes (elements) of the leading chunks of its
-    # part (a layer's slice, or the whole leaf) read ahead of its update (`_read_ahead`)
-    head_sizes: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    read_ahead_bytes: int = 0  # the budget head_sizes were chosen within
-    commits: StepCommit | None = None  # the step's check and commit (`_named_crcs`)
+    read_ahead_bytes: int = 0  # the pager's read-ahead (and writes in flight)
+
+    @property
+    def store(self):
+        return self.txn.store
 
     @property
     def table(self) -> str:
-        """The file table's name: the host calls' owner prefix (see ``Pager.table``)."""
-        return self.calls.prefix
+        """The file table's name (what the step's paging calls name)."""
+        return self.txn.table
+
+    def names(self, leaf, layer_of=None):
+        """The `EntryNames` of ``leaf``'s paged tensors: of one layer (``layer_of(env)``, the
+        layer given the values of the scans the update runs in) for a stacked block leaf."""
+        names = [self.plan.entries[k].name for k in leaf.entries]
+        if layer_of is None:
+            return lambda env: names
+        return lambda env: [f"{n}@{layer_of(env)}" for n in names]
 
 
 _layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -145,19 +131,19 @@ def _check_read_ahead(read_ahead_bytes) -> int:
         or read_ahead_bytes < 0
     ):
         raise ConfigError(
-            f"read_ahead_bytes={read_ahead_bytes!r}: give the bytes of optimizer state read "
-            "ahead of a layer's update as an int >= 0 (0 reads each tensor's first chunk "
-            f"only; None, the default, {default_read_ahead_bytes()} on this machine, reads a "
-            "layer whole when its state fits)"
+            f"read_ahead_bytes={read_ahead_bytes!r}: give the bytes the pager reads ahead of "
+            "the step as an int >= 0 (0 keeps its least, two chunks; None, the default, "
+            f"{default_read_ahead_bytes()} on this machine, reads a layer whole when its state "
+            "fits)"
         )
     return int(read_ahead_bytes)
 
 
 def _layout(tx, params, page_params: bool = False, read_ahead_bytes=None) -> _Layout:
-    """The layout of ``params``' optimizer state (opens the store and registers its files);
+    """The layout of ``params``' optimizer state (opens the store, its file table and pager);
     with ``page_params``, the stacked block parameters' entries too. ``read_ahead_bytes``
-    (None: what the layout was made with, else `default_read_ahead_bytes`): the budget of the
-    optimizer state read ahead of a layer's update, staged twice (see `_read_ahead`)."""
+    (None: what the layout was made with, else `default_read_ahead_bytes`): the pager's
+    read-ahead, and as much again of writes in flight."""
     updater = _updater(tx)
     budget = None if read_ahead_bytes is None else _check_read_ahead(read_ahead_bytes)
     with _lock:
@@ -172,7 +158,7 @@ def _layout(tx, params, page_params: bool = False, read_ahead_bytes=None) -> _La
             if budget is not None and budget != lay.read_ahead_bytes:
                 raise ConfigError(
                     f"the fuyou store {updater.root} is open with read_ahead_bytes="
-                    f"{lay.read_ahead_bytes} (its staging is sized for it); to read "
+                    f"{lay.read_ahead_bytes} (its pager's buffers are sized for it); to read "
                     f"{budget} bytes ahead, close this optimizer (tx.close()) and pass "
                     "read_ahead_bytes to fuyou_init or fuyou_restore with a new one"
                 )
@@ -189,138 +175,62 @@ def _layout(tx, params, page_params: bool = False, read_ahead_bytes=None) -> _La
         num_layers = next(np.shape(x)[0] for (_, x), b in zip(flat, blocks, strict=True) if b)
         # a stacked leaf is paged one layer at a time: only a layer's chunks are indexed
         plan = updater.plan(params, parts=tuple(num_layers if b else 1 for b in blocks))
-        entries, store_of = {}, []
-        for k, e in enumerate(plan.entries):
+        entries = {}
+        for e in plan.entries:
             shape = plan.leaves[e.leaf].shape
             if blocks[e.leaf]:
                 for layer in range(num_layers):
                     entries[f"{e.name}@{layer}"] = (shape[1:], e.storage)
-                    store_of.append((k, layer))
             else:
                 entries[e.name] = (shape, e.storage)
-                store_of.append((k, -1))
         pleaves = [leaf for leaf in plan.leaves if page_params and blocks[leaf.index]]
         for leaf in pleaves:
             for layer in range(num_layers):
                 entries[f"{fp.entry_name(leaf.name)}@{layer}"] = (leaf.shape[1:], leaf.dtype)
         entries[RAM_ENTRY] = ((plan.ram_nbytes,), np.dtype(np.uint8))
-        store_of.append((len(plan.entries), -1))
         store = updater.store
-        if store is None or store.closed:
-            store = PageStore.open_or_create(
-                updater.root, entries, chunk_bytes=updater.chunk_bytes, slots=updater.slots
-            )
-        if list(store.entries) != list(entries):
+        if store is not None and list(store.entries) != list(entries):
             raise PageStoreError(
                 f"page store {updater.root} holds other entries than the fuyou layout of this "
                 f"model{' with paged parameters' if page_params else ''} (a plain jaxoff.paged "
                 "store, or one laid out with the other page_params?): give fuyou its own store "
                 "directory"
             )
-        updater.store = store  # tx.close() releases it
-        need = updater.split_phase_bytes(plan)
-        chunk = store.chunk_bytes
-        # a layer's parameters prefetched ahead, and a layer's written behind, when paged
-        need += 2 * sum(-(-fp.layer_nbytes(lf) // chunk) * chunk for lf in pleaves)
-        # the leading chunks of every leaf of a layer prefetched a layer ahead of its update
-        # (two layers' at once: one being taken, the next one issued), and of every other
-        # leaf from the start of the backward pass
-        head_sizes = {}
-        for group in (True, False):
-            leaves_ = [lf for lf in plan.leaves if blocks[lf.index] == group]
-            parts = num_layers if group else 1
-            head_sizes.update(_read_ahead(updater, plan, leaves_, parts, budget))
-        for k, sizes in head_sizes.items():
-            leaf = plan.leaves[k]
-            held = sum(updater.head_bytes(plan, leaf, n) for n in sizes)
-            need += (2 if blocks[k] else 1) * held
-        engine = updater.engine
-        if engine.pool_bytes < need:
-            engine = dataclasses.replace(engine, pool_bytes=need)
-        calls = HostCalls("jaxoff.fuyou")  # names the table and the host calls (see Pager.table)
-        table = calls.prefix
-        registration = register_file_table(table, store.file_table(), config=engine)
-        # the table holds the store's files open: released with the store (tx.close())
-        updater.on_close(functools.partial(unregister_file_table, table, registration))
-        per_store = [(io.file_ids, io.offsets) for io in entry_ios(store)]
-        n_opt = len(store_of) - 1
-        fids: list = [[] for _ in plan.entries]
-        offs: list = [[] for _ in plan.entries]
-        for (k, _), (f, o) in zip(store_of[:-1], per_store[:n_opt], strict=True):
-            fids[k].append(f)
-            offs[k].append(o)
-        for k, e in enumerate(plan.entries):
-            if blocks[e.leaf]:
-                fids[k], offs[k] = np.stack(fids[k]), np.stack(offs[k])
-            else:
-                fids[k], offs[k] = fids[k][0], offs[k][0]
-        fids.append(per_store[-1][0])
-        offs.append(per_store[-1][1])
-        pentries = []
-        for i, leaf in enumerate(pleaves):
-            rows = per_store[n_opt + i * num_layers : n_opt + (i + 1) * num_layers]
-            pentries.append(
-                fp.ParamEntry(
-                    leaf.index,
-                    fp.entry_name(leaf.name),
-                    tuple(leaf.shape[1:]),
-                    np.dtype(leaf.dtype),
-                    fp.layer_chunks(leaf.shape[1:], leaf.dtype, chunk),
-                    np.stack([f for f, _ in rows]),
-                    np.stack([o for _, o in rows]),
-                )
+        # tx.close() closes it
+        txn = updater.open(entries, read_ahead_bytes=budget, stale_fix=STALE_FIX)
+        chunk = txn.store.chunk_bytes
+        pentries = [
+            fp.ParamEntry(
+                leaf.index,
+                fp.entry_name(leaf.name),
+                tuple(leaf.shape[1:]),
+                np.dtype(leaf.dtype),
+                fp.layer_chunks(leaf.shape[1:], leaf.dtype, chunk),
             )
-        names = list(entries)  # the optimizer's entries, then the parameters', then RAM's
-        names = names[:n_opt] + names[-1:]
-        lay = _Layout(
-            plan,
-            blocks,
-            num_layers,
-            names,
-            store_of,
-            fids,
-            offs,
-            store,
-            pentries,
-            calls,
-            head_sizes,
-            budget,
-        )
-        lay.commits = StepCommit(
-            lambda: lay.store, store.root, calls, functools.partial(_named_crcs, lay), _STALE_FIX
-        )
+            for leaf in pleaves
+        ]
+        lay = _Layout(plan, blocks, num_layers, txn, pentries, budget)
         _layouts[updater] = lay
         return lay
 
 
-# ``read_ahead_bytes`` of `fuyou_init` and `fuyou_restore`: bytes of optimizer state read
-# ahead of one layer's update (and, separately, of the other leaves' updates): the leading
-# chunks of its tensors, read while the layer above is differentiated. A layer whose state
-# fits is read whole before its update starts; a larger one has its first chunks read ahead
-# and the rest in its update's pipeline, after the layer's matmuls (on XLA's CPU runtime),
-# so that part of its I/O is not hidden. Staging holds two layers' worth at once (one being
-# taken, the next one issued), each read counted twice (see `prefetch_bytes`).
+# ``read_ahead_bytes`` of `fuyou_init` and `fuyou_restore`: how far the pager reads ahead of
+# the step's takes, in the order of its plan (the next layer's state while this layer is
+# differentiated and updated; with paged parameters, the next layer's parameters too), and
+# as much again of writes in flight. A layer whose state fits is read whole before its update
+# starts; a larger one has part of its reads left for its update, after the layer's matmuls,
+# not hidden.
 READ_AHEAD_BYTES = 128 << 20  # the least default
 READ_AHEAD_RAM_FRACTION = 32  # the default is at most this fraction of RAM above the least
 
 
 def default_read_ahead_bytes() -> int:
     """The default ``read_ahead_bytes``: ``max(READ_AHEAD_BYTES, RAM / 32)`` (768 MiB on a
-    24 GiB machine, a whole layer of a 50M-parameter block's AdamW state): the staging it may
-    hold, four times the budget, stays within an eighth of RAM."""
+    24 GiB machine, a whole layer of a 50M-parameter block's AdamW state): the pager's
+    buffers, twice the budget, stay within a sixteenth of RAM."""
     from jaxoff.plan._hardware import total_ram
 
     return max(READ_AHEAD_BYTES, int(total_ram()) // READ_AHEAD_RAM_FRACTION)
-
-
-def _read_ahead(updater, plan, leaves, parts: int, budget: int) -> dict[int, list[int]]:
-    """Per leaf of ``leaves`` (one group: a layer's block leaves, or the other leaves) with
-    paged tensors, the sizes of the leading chunks of one of its ``parts`` equal parts to read
-    ahead: every leaf's first chunk, then each leaf's next chunk in turn while the group's
-    reads stay within ``budget`` bytes."""
-    cost = lambda leaf, n: updater.read_bytes(plan, leaf, n)  # noqa: E731
-    parts_of = tuple(parts for _ in plan.leaves)
-    return StepPlan(plan, parts_of).read_ahead(leaves, budget, cost, order="round_robin")
 
 
 def _part_chunks(leaf, parts: int) -> tuple[int, int]:
@@ -351,7 +261,7 @@ def _laid_out(tx, what: str) -> _Layout:
 
 def fuyou_table(tx) -> str:
     """The name of the file table the Fuyou step of ``tx`` pages through (for
-    ``jaxoff.aio.file_table_stats``: its I/O time and waits)."""
+    ``jaxoff.aio.io_stats``: its I/O time and waits)."""
     return _laid_out(tx, "fuyou_table").table
 
 
@@ -359,25 +269,10 @@ def _is_block_path(path) -> bool:
     return path_name(path[:1]) == BLOCKS
 
 
-_STALE_FIX = (
+STALE_FIX = (
     "It was probably restored without its page store contents after the store moved on: "
     "checkpoint a fuyou state with fuyou_save / fuyou_restore, or start again from fuyou_init"
 )
-
-
-def _named_crcs(lay: _Layout, crcs: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """A `FuyouState`'s checksum arrays (its ``crcs``, then its ``params``) by store entry
-    name: ``<entry>@<layer>`` for a layer of a stacked entry (row ``layer``)."""
-    n_opt = len(lay.plan.entries) + 1
-    out = {}
-    for name, (k, layer) in zip(lay.store_names, lay.store_of, strict=True):
-        c = np.asarray(crcs[k], np.uint32)
-        out[name] = (c[layer] if layer >= 0 else c).reshape(-1)
-    for e, c in zip(lay.params, crcs[n_opt:], strict=True):
-        c = np.asarray(c, np.uint32)
-        for j in range(lay.num_layers):
-            out[f"{e.name}@{j}"] = c[j]
-    return out
 
 
 check_model = _check_model  # public: a model Fuyou can step (raises ConfigError naming what not)

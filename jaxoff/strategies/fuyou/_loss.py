@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxoff.step import cross_entropy
@@ -14,8 +13,8 @@ from ._layout import _abstract_params, _check_model, _layout, _updater
 
 def make_fuyou_loss(graphdef: nnx.GraphDef, model_cfg, tx):
     """``loss_fn(params, opt_state, inputs, targets) -> loss`` of a ``page_params`` model:
-    the forward pass of `make_fuyou_step` (each layer's parameters read from the store one
-    layer ahead, verified), without its backward pass or update; for evaluation.
+    the forward pass of `make_fuyou_step` (each layer's parameters taken from the store,
+    verified), without its backward pass or update; for evaluation.
 
     ``params`` is the state's (`fuyou_resident`), ``opt_state`` its `FuyouState`: the loss is
     that of the store version it describes. Jit it (nothing is donated).
@@ -32,9 +31,11 @@ def make_fuyou_loss(graphdef: nnx.GraphDef, model_cfg, tx):
         fp.check_placeholders(leaves, bidx)
         model = nnx.merge(graphdef, params)
         block = _block_fn(model.blocks)
-        read_slot = (opt_state.version % 2).astype(jnp.int32)
         x0 = model.embed_tokens(inputs)
-        h, _, _ = fp.forward(lay, opt_state.params, read_slot, block, x0)
+        # a step of the store's transaction that only reads: its commit makes no version
+        rec = lay.txn.begin(opt_state.version)
+        h, _, _ = fp.forward(rec, lay, block, x0)
+        rec.commit()
         return cross_entropy(model.logits(h), targets)
 
     return loss_fn
