@@ -245,8 +245,8 @@ def _build_params(cfg, lazy_blocks: bool = False):
 
 
 ENGINE_COUNTERS = (
-    "take_wait_ns", "take_copy_ns", "prefetch_wait_ns", "write_wait_ns", "flush_wait_ns",
-    "io_busy_ns", "read_bytes", "write_bytes", "takes",
+    "take_wait_ns", "put_wait_ns", "begin_wait_ns", "io_busy_ns", "read_bytes", "write_bytes",
+    "takes", "puts",
 )  # fmt: skip
 
 
@@ -256,10 +256,11 @@ def _counter_names() -> list[str]:
 
 
 def _engine_counters(table: str) -> dict[str, float]:
-    """The engine's cumulative counters of a Fuyou store's table: ``*_ns`` as seconds."""
-    from jaxoff.aio import file_table_stats
+    """The cumulative paging counters of a Fuyou store's table (its pager's and its
+    engine's, `jaxoff.aio.io_stats`): ``*_ns`` as seconds."""
+    from jaxoff.aio import io_stats
 
-    st = file_table_stats(table) or {}
+    st = io_stats(table) or {}
     return {
         name: st.get(k, 0) / 1e9 if k.endswith("_ns") else st.get(k, 0)
         for k, name in zip(ENGINE_COUNTERS, _counter_names(), strict=True)

@@ -138,7 +138,7 @@ def test_close_raises_a_failed_background_commit_and_releases_the_store(tmp_path
 
 
 def test_close_from_another_thread_waits_for_a_commit_being_decided(tmp_path, monkeypatch):
-    """A paged step commits from JAX's thread while the caller may close the store: the close
+    """A pager commits from its thread while the caller may close the store: the close
     waits for the commit (and its background thread), never joins a thread not yet started,
     and the new version is durable afterwards."""
     root = tmp_path / "s"
@@ -148,10 +148,10 @@ def test_close_from_another_thread_waits_for_a_commit_being_decided(tmp_path, mo
     deciding = threading.Event()
     real = PageStore._commit
 
-    def slow_commit(self, crcs, background=False):
+    def slow_commit(self, crcs, *args):
         deciding.set()
         time.sleep(0.3)  # the close below arrives while the version is being decided
-        return real(self, crcs, background)
+        return real(self, crcs, *args)
 
     monkeypatch.setattr(PageStore, "_commit", slow_commit)
     versions = []

@@ -94,7 +94,7 @@ def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
     for e, timeline in zip(r["engine"], r["timelines"], strict=True):
         assert 0 < e["read_bytes"] <= r["pure_io_read_gb"] * 1e9 <= 1.2 * e["read_bytes"]
         assert e["write_bytes"] >= e["read_bytes"] and e["takes"] > 0 and e["io_busy_s"] > 0
-        assert all(e[k] >= 0 for k in ("take_wait_s", "write_wait_s", "flush_wait_s"))
+        assert all(e[k] >= 0 for k in ("take_wait_s", "put_wait_s", "begin_wait_s"))
         # samples relative to the step's start; the last one, at its end, sees all of it
         assert timeline[0]["read_bytes"] == timeline[0]["takes"] == 0
         assert [s["t"] for s in timeline] == sorted(s["t"] for s in timeline)

@@ -291,7 +291,10 @@ _POINTS = {
     "train.init": (0, 1),
     "train.step": (0, 1),
     "train.metrics": (0, 1),
-    "store.write": (0, 1),
+    "pager.begin": (0, 1),
+    "pager.take": (0, 1),
+    "pager.put": (0, 1),
+    "pager.commit": (0, 1),
     "store.commit": (0, 1),
     "checkpoint.paged": (0, 1),
     "checkpoint.orbax": (0, 1),
@@ -302,7 +305,7 @@ _ONCE = {"train.init", "checkpoint.paged", "checkpoint.orbax", "checkpoint.parts
 _ONCE |= {"checkpoint.done"}
 
 
-def _kill_plan(seed: int, kills: int = 10) -> list[tuple[str, int]]:
+def _kill_plan(seed: int, kills: int = 12) -> list[tuple[str, int]]:
     """Every point at least once, the rest drawn at random; each in a random process."""
     rng = random.Random(seed)
     names = list(_POINTS) + [rng.choice(list(_POINTS)) for _ in range(kills - len(_POINTS))]
@@ -316,12 +319,12 @@ def _kill_plan(seed: int, kills: int = 10) -> list[tuple[str, int]]:
 def test_kill_plan_covers_every_point_of_a_multi_process_step():
     assert set(_POINTS) == set(_faults.POINTS) | set(_faults.PROCESS_POINTS)
     plan = _kill_plan(3)
-    assert len(plan) >= 10 and {f.split(":")[0] for f, _ in plan} == set(_POINTS)
+    assert len(plan) >= 12 and {f.split(":")[0] for f, _ in plan} == set(_POINTS)
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_sigkill_of_one_process_at_ten_points_then_resume_is_bitwise(runner, two, tmp_path):
+def test_sigkill_of_one_process_at_every_point_then_resume_is_bitwise(runner, two, tmp_path):
     _, want = two
     run = tmp_path / "run"
     for i, (fault, process) in enumerate(_kill_plan(3)):

@@ -227,7 +227,7 @@ def test_a_pager_without_a_device_or_a_table_fails_with_one_line(cuda_module, tm
     from jaxoff.aio._ffi_calls import register_file_table, unregister_file_table
 
     with pytest.raises(ValueError, match="no pager is open for file table 'nope'") as e:
-        cuda_module.pager_plan("nope", 1, [], [(0, 0, 0, 4096)], [], [])
+        cuda_module.pager_plan("nope", 1, 1, [], [(0, 0, 0, 4096)], [], [])
     assert "\n" not in str(e.value)
     assert cuda_module.pager_close("nope") is False
     name = "gpu_static_table"

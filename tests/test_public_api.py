@@ -89,7 +89,7 @@ def test_names_moved_to_chunks_are_gone_from_optim_with_a_hint():
     import jaxoff.optim
     import jaxoff.optim.chunks as chunks
 
-    for name in ("StepPlan", "ChunkIO", "write_chunk"):
+    for name in ("StepPlan", "ChunkUpdater", "copy_in"):
         assert hasattr(chunks, name), name
         with pytest.raises(AttributeError, match=r"moved to jaxoff\.optim\.chunks"):
             getattr(jaxoff.optim, name)

@@ -52,7 +52,8 @@ def _train_killed_at(fault: str, out, cache) -> None:
 @pytest.mark.parametrize(
     "fault, store_version",
     [
-        ("store.write:1", 1),  # step 1: after the first leaf's page writes, before the rest
+        ("pager.put:2", 1),  # the first step: after its first chunk's put, before the rest
+        ("pager.commit:1", 1),  # the first step ended, before its commit is requested
         ("store.commit:2", 1),  # step 1's commit (the 1st is tx.init's), before the manifest
         ("checkpoint.paged:1", 2),  # step 1's paged checkpoint, after its first chunk
     ],

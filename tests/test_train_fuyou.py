@@ -85,13 +85,14 @@ def _final_params(cfg) -> dict:
 
 def _spy_read_ahead(monkeypatch) -> list[int]:
     """The read-ahead budgets Fuyou's store layouts are made with, from now on."""
-    budgets, real = [], _fuyou._read_ahead
+    budgets, real = [], _fuyou._Layout
 
-    def spy(updater, plan, leaves, parts, budget):
-        budgets.append(budget)
-        return real(updater, plan, leaves, parts, budget)
+    def spy(*args, **kw):
+        lay = real(*args, **kw)
+        budgets.append(lay.read_ahead_bytes)
+        return lay
 
-    monkeypatch.setattr(_fuyou, "_read_ahead", spy)
+    monkeypatch.setattr(_fuyou, "_Layout", spy)
     return budgets
 
 

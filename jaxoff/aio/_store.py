@@ -228,6 +228,7 @@ class PageStore(StoreState):
         *,
         background: bool = False,
         durable: bool = False,
+        version: int | None = None,
     ) -> int:
         """Makes everything written to the inactive slot durable and current; returns the version.
 
@@ -255,7 +256,7 @@ class PageStore(StoreState):
         try:
             with self._locked():  # a close() or commit() in another thread waits for this one
                 self.wait_committed()
-                return self._commit(crcs, background, durable)
+                return self._commit(crcs, background, durable, version)
         except PageStoreError as e:
             self.last_error = _error_from.record(e)
             raise
@@ -281,9 +282,21 @@ class PageStore(StoreState):
         return None if failed is None else failed[0]
 
     def _commit(
-        self, crcs: Mapping[str, Any] | None, background: bool = False, durable: bool = False
+        self,
+        crcs: Mapping[str, Any] | None,
+        background: bool = False,
+        durable: bool = False,
+        number: int | None = None,
     ) -> int:
         self._check_open()
+        if number is not None and (
+            number < 1 or (self._layout.slots == 2 and number % 2 == self._version % 2)
+        ):
+            raise PageStoreError(
+                f"cannot commit version {number} of {self._root}: the slot being written "
+                f"holds versions of parity {(self._version + 1) % 2} (the store is at version "
+                f"{self._version})"
+            )
         pending = {n: list(v) for n, v in self._pending.items()}
         for name, values in (crcs or {}).items():
             e = self._layout.entry(name)
@@ -303,7 +316,8 @@ class PageStore(StoreState):
         slot = self.inactive_slot
         new_crcs = {s: dict(self._crcs[s]) for s in SLOTS}
         new_crcs[slot] = pending
-        version, old = self._version + 1, (self._version, self._crcs)
+        version = self._version + 1 if number is None else int(number)
+        old = (self._version, self._crcs)
         if not background:
             self._make_durable(slot, version, new_crcs, synced=durable)
         self._version, self._crcs = version, new_crcs

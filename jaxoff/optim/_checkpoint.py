@@ -224,9 +224,10 @@ def restore_paged(tx: PagedTransformation, directory: str | os.PathLike, params:
 def copy_in(
     txn: PageTransaction, plan, directory: str | os.PathLike, want: dict | None = None
 ) -> int:
-    """Writes what `copy_out` wrote into the store of ``txn`` as its next committed version
-    (after the steps in flight: `PageTransaction.settle`; a failed step's error stays that
-    step's, the restore rewrites every chunk), and gives it to the pager.
+    """Writes what `copy_out` wrote into the store of ``txn`` as its committed version, under
+    the version number the checkpoint recorded (after the steps in flight:
+    `PageTransaction.settle`; a failed step's error stays that step's, the restore rewrites
+    every chunk), and gives it to the pager.
 
     ``want``: ``{entry: (shape, dtype)}`` the checkpoint must hold (default: ``plan``'s
     entries; the Fuyou step's store has its own layout).
@@ -270,23 +271,29 @@ def copy_in(
         _adopt(store, directory, meta)
         return int(meta["store_version"])
     _check_page_files(store, saved, directory)  # all there before anything is written
-    crcs = {}
-    for name, e in store.entries.items():
-        info = saved[name]
-        with open(os.path.join(directory, info["file"]), "rb") as f:
-            for c in e.chunks:
-                f.seek(c.elem_start * e.dtype.itemsize)
-                raw = np.frombuffer(f.read(c.nbytes), np.uint8)
-                if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:  # pyright: ignore[reportArgumentType]  # ndarray is a Buffer
-                    raise PageStoreCorruptError(
-                        f"restore_paged: chunk {c.index} of {name!r} in {directory} is "
-                        "damaged (short or checksum mismatch); use an older checkpoint"
-                    )
-                store.write_chunk(name, c.index, raw.view(e.dtype))
-        crcs[name] = info["crcs"]
-    store.commit(crcs)
+    # The restored version keeps its number, so that the state saved with the checkpoint (in
+    # any form: a user's own orbax tree too) describes the store again. Its slot is the one of
+    # that number's parity: written once more first when that is the committed one.
+    saved_version = int(meta["store_version"])
+    rounds = 2 if store.layout.slots == 2 and saved_version % 2 == store.version % 2 else 1
+    for r in range(rounds):
+        crcs = {}
+        for name, e in store.entries.items():
+            info = saved[name]
+            with open(os.path.join(directory, info["file"]), "rb") as f:
+                for c in e.chunks:
+                    f.seek(c.elem_start * e.dtype.itemsize)
+                    raw = np.frombuffer(f.read(c.nbytes), np.uint8)
+                    if raw.nbytes != c.nbytes or crc32c.crc32c(raw) != info["crcs"][c.index]:  # pyright: ignore[reportArgumentType]  # ndarray is a Buffer
+                        raise PageStoreCorruptError(
+                            f"restore_paged: chunk {c.index} of {name!r} in {directory} is "
+                            "damaged (short or checksum mismatch); use an older checkpoint"
+                        )
+                    store.write_chunk(name, c.index, raw.view(e.dtype))
+            crcs[name] = info["crcs"]
+        store.commit(crcs, version=saved_version if r == rounds - 1 else None)
     txn.adopt()
-    return int(meta["store_version"])
+    return saved_version
 
 
 def _adopt(store: PageStore, directory: str, meta: dict) -> None:

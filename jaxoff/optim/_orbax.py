@@ -33,7 +33,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -160,13 +159,8 @@ class PagedCheckpointHandler(ocp.CheckpointHandler):
         pager = find_pager(args.tx)
         plan = _plan(pager, args.params)
         txn = pager.transaction(plan, discard_torn=True)  # every chunk is rewritten
-        copy_in(txn, plan, pages)
-        # the restored state reads the version the checkpoint became in this store
-        version = jnp.asarray(txn.store.version, jnp.int32)
-        is_state = lambda x: isinstance(x, PagedState)  # noqa: E731
-        return jax.tree.map(
-            lambda x: x._replace(version=version) if is_state(x) else x, tree, is_leaf=is_state
-        )
+        copy_in(txn, plan, pages)  # under its own version: the restored state describes it
+        return tree
 
     def metadata(self, directory: epath.Path) -> Any:
         return ocp.StandardCheckpointHandler().metadata(epath.Path(directory) / STATE_DIR)

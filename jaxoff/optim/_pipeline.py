@@ -37,8 +37,8 @@ def as_bits(x: jax.Array) -> jax.Array:
 def _bits_out(compute: Callable, dtype) -> Callable:
     """``compute`` with its output chunk cast to ``dtype`` and given as its bits."""
 
-    def bits_compute(i, n, chunks, current):
-        out_chunk, new = compute(i, n, chunks, lax.bitcast_convert_type(current, dtype))
+    def bits_compute(i, n, chunks):
+        out_chunk, new = compute(i, n, chunks)
         return as_bits(out_chunk.astype(dtype)), new
 
     return bits_compute
@@ -70,9 +70,7 @@ def page_leaf(
         last one, if not 0); ``n_full`` full chunks.
       out: flat output buffer; chunk ``i`` of ``compute``'s first result lands at
         ``i * chunk_elems``.
-      compute: ``(i, size, chunks_read, out) -> (out_chunk, chunks_to_write)``; ``out`` is the
-        output buffer as it is before chunk ``i`` lands (the chunks from ``i`` on still hold
-        what ``out`` came in with).
+      compute: ``(i, size, chunks_read) -> (out_chunk, chunks_to_write)``.
 
     Returns:
       ``out``, every chunk written.
@@ -99,7 +97,7 @@ def page_leaf(
         for k, storage in enumerate(storages):
             address = lambda env, k=k: (names(env)[k], chunk_of(env))  # noqa: E731
             xs.append(rec.take(address, (n,), storage))
-        out_chunk, new = compute(i, n, xs, out)
+        out_chunk, new = compute(i, n, xs)
         out = lax.dynamic_update_slice(out, out_chunk.astype(out.dtype), (i * chunk_elems,))
         for k, x in enumerate(new):
             rec.put(lambda env, k=k: (names(env)[k], chunk_of(env)), x)

@@ -68,12 +68,8 @@ def update_leaf(pager, rec, plan, leaf, grads, params, ram, names, extra, apply)
     g_flat, p_flat = grads.reshape(-1), params.reshape(-1)
 
     def pipeline(out):
-        def compute(i, n, chunks, current):
-            # New parameters land in place of the old: a chunk's old values are read from
-            # the output buffer itself (it holds them until the chunk lands), so the
-            # parameters have one use and XLA updates their buffer in place.
-            p = current if apply else p_flat
-            return compute_chunk(pager, plan, leaf, g_flat, p, ram, extra, apply, i, n, chunks)
+        def compute(i, n, chunks):
+            return compute_chunk(pager, plan, leaf, g_flat, p_flat, ram, extra, apply, i, n, chunks)
 
         return page_leaf(rec, names, storages, leaf.chunk_elems, n_full, tail, out, compute)
 

@@ -23,23 +23,25 @@ How a strategy pages its state, step by step:
    ``txn.write_initial`` writes and commits the first version (``updater.chunk_init`` and
    ``updater.ram_init`` give its chunks).
 3. **One step.** ``rec = txn.begin(state.version)`` starts it (the pager refuses a stale
-   state); ``updater.update_leaf(rec, ...)`` takes a leaf's (or a layer's) chunks, runs
-   `paged`'s chunk arithmetic on them and puts the new chunks; ``rec.take`` / ``rec.put``
-   move other chunks (Fuyou's paged parameters); ``rec.scan`` is ``lax.scan`` for a body
-   that pages (a chunk or layer index of each trip addresses its chunks); ``rec.commit()``
-   ends the step. The recorded `StepPlan` is what the pager follows; the step returns
-   ``state.version + 1``. `as_bits` is the bit-cast a strategy uses to carry 16-bit floats
-   through a scan unchanged.
+   state) and returns the step's `StepRecorder`; ``updater.update_leaf(rec, ...)`` takes a
+   leaf's (or a layer's) chunks, runs `paged`'s chunk arithmetic on them and puts the new
+   chunks (`fixed_names` names a leaf's entries when no scan changes them);
+   ``rec.take`` / ``rec.put`` move other chunks (Fuyou's paged parameters); ``rec.scan`` is
+   ``lax.scan`` for a body that pages (a chunk or layer index of each trip addresses its
+   chunks); ``rec.commit()`` ends the step. The recorded `StepPlan` is what the pager
+   follows; the step returns ``state.version + 1``. `as_bits` is the bit-cast a strategy
+   uses to carry 16-bit floats through a scan unchanged.
 4. **Checkpoints.** `copy_out` streams the store's committed version into a checkpoint
    directory; `copy_in` writes it back as the store's next version (what `save_paged` and
    `restore_paged` do for `paged`'s own store); ``txn.check_version`` refuses a stale state.
 
 Example: a store laid out as `paged` lays it out, written by hand (a strategy's init), and
-one step that reads and writes a chunk:
+one step that updates the leaf through it, bitwise as plain optax does:
 
     >>> import optax, tempfile, numpy as np, jax, jax.numpy as jnp
     >>> from jaxoff.optim import paged
-    >>> from jaxoff.optim.chunks import chunk_updater, ram_bytes_np, RAM_ENTRY
+    >>> from jaxoff.optim.chunks import chunk_updater, fixed_names, ram_bytes, ram_bytes_np
+    >>> from jaxoff.optim.chunks import RAM_ENTRY
     >>> tx = paged(optax.adam(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=4096)
     >>> updater = chunk_updater(tx)
     >>> params = {"w": jnp.ones((2, 1500), jnp.float32)}
@@ -47,28 +49,31 @@ one step that reads and writes a chunk:
     >>> [e.name for e in plan.entries]  # float32 parameters are their own master copy
     ['opt.0.mu.w', 'opt.0.nu.w']
     >>> txn = updater.open(plan.store_entries())
-    >>> leaf = plan.leaves[0]
+    >>> leaf, ram = plan.leaves[0], updater.ram_init(plan)
     >>> chunks = []
     >>> for c in range(leaf.num_chunks):  # 3000 elements in chunks of 1024
     ...     p = jnp.ones((leaf.chunk_size(c),), jnp.float32)
     ...     for k, x in zip(leaf.entries, updater.chunk_init(plan, 0, p)):
     ...         chunks.append((plan.entries[k].name, c, np.asarray(x)))
-    >>> chunks.append((RAM_ENTRY, 0, ram_bytes_np(plan, updater.ram_init(plan))))
+    >>> chunks.append((RAM_ENTRY, 0, ram_bytes_np(plan, ram)))
     >>> txn.write_initial(chunks)
     1
     >>> @jax.jit
-    ... def step(version):
+    ... def step(version, w, g, ram):
     ...     rec = txn.begin(version)
-    ...     x = rec.take(lambda env: ("opt.0.mu.w", 2), (952,), jnp.float32)
-    ...     rec.put(lambda env: ("opt.0.mu.w", 2), x + 1)
+    ...     names = fixed_names([plan.entries[k].name for k in leaf.entries])
+    ...     new_w = updater.update_leaf(rec, plan, leaf, g, w, ram, names)
+    ...     new_ram = updater.ram_update(plan, ram)
+    ...     rec.put(lambda env: (RAM_ENTRY, 0), ram_bytes(plan, new_ram))
     ...     rec.commit()
-    ...     return version + 1
-    >>> int(step(jnp.int32(1)))  # (a real step writes every chunk: this one cannot commit)
-    2
+    ...     return version + 1, new_w, new_ram
+    >>> grads = {"w": jnp.full((2, 1500), 0.5, jnp.float32)}
+    >>> version, new_w, ram = step(jnp.int32(1), params["w"], grads["w"], ram)
+    >>> ref = optax.adam(1e-3)
+    >>> u, _ = ref.update(grads, ref.init(params), params)
+    >>> int(version), bool(jnp.array_equal(new_w, optax.apply_updates(params, u)["w"]))
+    (2, True)
     >>> tx.close()
-    Traceback (most recent call last):
-    ...
-    jaxoff.aio._store_errors.PageStoreError: ...cannot commit version 2...
 """
 
 from __future__ import annotations
