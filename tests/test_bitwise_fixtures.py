@@ -167,6 +167,22 @@ def test_fixtures_cover_every_run():
     assert sorted(json.loads(FIXTURES.read_text())["runs"]) == sorted([*RUNS, *RESUMED])
 
 
+def _machine() -> str:
+    """The CPU whose instruction set XLA compiled the runs for (the bits depend on it)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "?"
+    )
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []
+    )
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model} ({isa})"
+
+
 def _record() -> None:
     import tempfile
 
@@ -182,6 +198,7 @@ def _record() -> None:
     doc = {
         "how": "python tests/test_bitwise_fixtures.py --record (see its docstring)",
         "jax": jax.__version__,
+        "machine": _machine(),
         "runs": runs,
     }
     FIXTURES.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

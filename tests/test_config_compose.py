@@ -22,7 +22,7 @@ from jaxoff.train._options import (
 
 # three configs, and ``json.dumps(cfg.to_json(), indent=2, sort_keys=True)`` of each as the
 # flat TrainConfig wrote it (config.json's bytes: a run resumes only when they match), with
-# ``paged_checkpoint`` added since (an option that may change on --resume)
+# ``paged_checkpoint`` and ``host_mem`` added since (options that may change on --resume)
 CONFIGS = {
     "default": {},
     "tiny": dict(
@@ -111,6 +111,7 @@ EXPECTED_JSON = {
             "store": "auto",
             "store_slots": 2,
             "paged_checkpoint": "copy",
+            "host_mem": "0",
             "strategy": "plain",
             "token_dtype": "auto",
             "tokenizer": None,
@@ -159,6 +160,7 @@ EXPECTED_JSON = {
             "store": "auto",
             "store_slots": 1,
             "paged_checkpoint": "copy",
+            "host_mem": "0",
             "strategy": "plain",
             "token_dtype": "uint32",
             "tokenizer": None,
@@ -207,6 +209,7 @@ EXPECTED_JSON = {
             "store": "/tmp/st",
             "store_slots": 2,
             "paged_checkpoint": "copy",
+            "host_mem": "0",
             "strategy": "fuyou",
             "token_dtype": "auto",
             "tokenizer": "t.json",
@@ -255,6 +258,7 @@ ORDER = [
     "chunk_mib",
     "store_slots",
     "paged_checkpoint",
+    "host_mem",
     "placement",
     "fsdp",
     "strategy",
@@ -329,6 +333,8 @@ ARGV = [
     "2",
     "--store-slots",
     "1",
+    "--host-mem",
+    "64MiB",
     "--paged-checkpoint",
     "store",
     "--placement",
@@ -382,6 +388,7 @@ ARGV_JSON = json.dumps(
         "store": "/tmp/cc/st",
         "store_slots": 1,
         "paged_checkpoint": "store",
+        "host_mem": "64MiB",
         "strategy": "fuyou",
         "token_dtype": "uint32",
         "tokenizer": "tok.json",
@@ -408,7 +415,7 @@ def test_groups_are_frozen_and_disjoint():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model_options = ModelOptions()  # type: ignore[misc]
     names = [f.name for g in GROUP_TYPES for f in dataclasses.fields(g)]
-    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 41
+    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 42
     assert sorted(names) == sorted(FLAT_NAMES) == sorted(GROUP_OF)
     assert FLAT_NAMES == tuple(ORDER[:-1]) and ORDER[-1] == "processes"
     # each flat name reads its group's option, in FLAT_NAMES order

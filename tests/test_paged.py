@@ -1,5 +1,7 @@
 """jaxoff.optim.paged: bitwise equal to plain optax, chunk by chunk from a page store."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ from jaxoff.optim import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_ENGINE,
     NotElementwiseError,
+    load_state,
     paged,
     update_and_apply,
 )
@@ -473,3 +476,31 @@ def test_the_trainers_optimizers_pass_the_probe_it_skips(tmp_path, monkeypatch, 
     tx.pager.close()
     with pytest.raises(NotElementwiseError, match="probe called"):
         paged(OPTIMIZERS[name](), tmp_path / "q").init(params)
+
+
+def test_an_optimizer_let_go_without_close_gives_back_its_files_and_commits(tmp_path):
+    """Nothing outside the optimizer (not the pager's thread, not the store) keeps it alive:
+    collected, it closes its pager, store and file table, its last step committed."""
+    import gc
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    def run():
+        tx = paged(OPTIMIZERS["adamw"](), tmp_path / "s", chunk_bytes=4096)
+        params = mlp_params(jnp.bfloat16)
+        state = tx.init(params)
+        step = make_step(tx, jnp.bfloat16, fused=True)
+        for t in range(2):
+            params, state = step(params, state, *batch(t))
+        return params
+
+    before = open_fds()
+    want = run()
+    gc.collect()
+    assert open_fds() <= before, "the optimizer's page files are still open"
+    tx = paged(OPTIMIZERS["adamw"](), tmp_path / "s", chunk_bytes=4096)  # the lock is free
+    params, _ = load_state(tx, mlp_params(jnp.bfloat16))
+    assert tx.store.version == 3  # the initial write and both steps
+    assert_trees_equal(params, want)
+    tx.close()

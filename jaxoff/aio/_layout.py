@@ -67,6 +67,7 @@ class EntryLayout:
       stem: file-name stem; slot ``s`` stripe ``k`` lives in ``dirs[k]/<stem>.<s>.page``.
       chunks: the chunks, in element order.
       file_sizes: size in bytes of each stripe file (one per data directory used).
+      ram: the entry lives in the RAM tier (one file per slot in the layout's ``ram_dir``).
     """
 
     name: str
@@ -75,6 +76,7 @@ class EntryLayout:
     stem: str
     chunks: tuple[ChunkInfo, ...]
     file_sizes: tuple[int, ...]
+    ram: bool = False
 
     @property
     def size(self) -> int:
@@ -100,6 +102,8 @@ class Layout:
       slots: page files per entry and directory. 2 (the default): slots A and B are separate
         files and a commit is atomic. 1: both slot names address the one ``.A.page`` file,
         so new versions are written in place; half the disk, no rollback (see `PageStore`).
+      ram_dir: the RAM tier's directory (absolute, on a RAM filesystem: tmpfs), holding the
+        entries marked ``ram``; None when the store has no RAM tier.
     """
 
     chunk_bytes: int
@@ -107,6 +111,7 @@ class Layout:
     entries: tuple[EntryLayout, ...]
     align: int = ALIGN
     slots: int = 2
+    ram_dir: str | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -119,8 +124,13 @@ class Layout:
 
     @property
     def slot_bytes(self) -> int:
-        """Bytes on disk for one slot of all entries, padding included."""
+        """Bytes of one slot of all entries (disk and RAM tier), padding included."""
         return sum(sum(e.file_sizes) for e in self.entries)
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes the RAM tier holds: its entries' files, every slot."""
+        return self.slots * sum(sum(e.file_sizes) for e in self.entries if e.ram)
 
     def index(self, name: str) -> int:
         """The entry index of ``name``."""
@@ -136,10 +146,13 @@ class Layout:
     def relpath(self, name: str, slot: str, stripe: int) -> str:
         """Path of a page file, relative to the store root unless its directory is absolute.
 
-        With ``slots == 1`` both slots name the slot-A file."""
+        With ``slots == 1`` both slots name the slot-A file. An entry of the RAM tier has
+        one file per slot, in ``ram_dir``."""
         check_slot(slot)
         slot = slot if self.slots == 2 else SLOTS[0]
-        return os.path.join(self.dirs[stripe], f"{self.entry(name).stem}.{slot}.page")
+        e = self.entry(name)
+        where = self.ram_dir if e.ram and self.ram_dir is not None else self.dirs[stripe]
+        return os.path.join(where, f"{e.stem}.{slot}.page")
 
     def _index_map(self) -> dict[str, int]:
         # Cached on the instance without breaking frozenness: it is derived data.
@@ -264,8 +277,12 @@ def plan_entry(
     stem: str,
     chunk_bytes: int,
     num_dirs: int,
+    ram: bool = False,
 ) -> EntryLayout:
-    """Cuts one entry into chunks and stripes them over ``num_dirs`` directories."""
+    """Cuts one entry into chunks and stripes them over ``num_dirs`` directories (one file
+    per slot for an entry of the RAM tier, ``ram``)."""
+    if ram:
+        num_dirs = 1
     if chunk_bytes % dtype.itemsize:
         raise PageStoreLayoutError(
             f"entry {name!r}: chunk_bytes={chunk_bytes} is not a multiple of the itemsize "
@@ -288,7 +305,7 @@ def plan_entry(
         # All chunks but the last are exactly chunk_bytes, so offsets stay aligned.
         chunks.append(ChunkInfo(i, stripe, sizes[stripe], nbytes, padded, start, count))
         sizes[stripe] += padded
-    return EntryLayout(name, shape, dtype, stem, tuple(chunks), tuple(sizes))
+    return EntryLayout(name, shape, dtype, stem, tuple(chunks), tuple(sizes), ram=ram)
 
 
 def plan_layout(
@@ -296,6 +313,9 @@ def plan_layout(
     chunk_bytes: int | None = None,
     dirs: list[str] | tuple[str, ...] | None = None,
     slots: int | None = None,
+    *,
+    ram_bytes: int = 0,
+    ram_dir: str | os.PathLike | None = None,
 ) -> Layout:
     """Plans a page store layout without creating anything.
 
@@ -307,6 +327,9 @@ def plan_layout(
       dirs: data directories (absolute, or relative to the store root) over which chunks are
         striped round robin; default ``("data",)``.
       slots: 2 (default; crash-consistent commits) or 1 (in place, half the disk).
+      ram_bytes: the RAM tier's budget: entries, in order, go to ``ram_dir`` while their
+        files (every slot) fit in it; the rest to ``dirs``. 0: no RAM tier.
+      ram_dir: the RAM tier's directory, absolute (required with ``ram_bytes``).
 
     Returns:
       The `Layout`.
@@ -341,12 +364,35 @@ def plan_layout(
         if not isinstance(name, str) or not name:
             raise PageStoreLayoutError(f"entry names must be non-empty strings, got {name!r}")
     stems = stable_stems(list(entries))
+    slots = check_slots(2 if slots is None else slots)
+    ram_left, ram_dir = _check_ram_tier(ram_bytes, ram_dir)
     planned = []
     for name, spec in entries.items():
         shape, dtype = _shape_dtype(name, spec)
-        planned.append(plan_entry(name, shape, dtype, stems[name], chunk_bytes, len(dirs)))
-    slots = check_slots(2 if slots is None else slots)
-    return Layout(chunk_bytes, dirs, tuple(planned), slots=slots)
+        e = plan_entry(name, shape, dtype, stems[name], chunk_bytes, len(dirs), ram=True)
+        if slots * sum(e.file_sizes) <= ram_left:
+            ram_left -= slots * sum(e.file_sizes)
+        else:
+            e = plan_entry(name, shape, dtype, stems[name], chunk_bytes, len(dirs))
+        planned.append(e)
+    if not any(e.ram for e in planned):
+        ram_dir = None
+    return Layout(chunk_bytes, dirs, tuple(planned), slots=slots, ram_dir=ram_dir)
+
+
+def _check_ram_tier(ram_bytes: Any, ram_dir: Any) -> tuple[int, str | None]:
+    if isinstance(ram_bytes, bool) or not isinstance(ram_bytes, int | np.integer) or ram_bytes < 0:
+        raise PageStoreLayoutError(
+            f"ram_bytes must be a non-negative int (bytes of the RAM tier), got {ram_bytes!r}"
+        )
+    if not ram_bytes:
+        return 0, None
+    if ram_dir is None or not os.path.isabs(os.fspath(ram_dir)):
+        raise PageStoreLayoutError(
+            f"a RAM tier of {int(ram_bytes)} bytes needs ram_dir, an absolute directory on a "
+            f"RAM filesystem (tmpfs), got {ram_dir!r}"
+        )
+    return int(ram_bytes), os.path.normpath(os.fspath(ram_dir))
 
 
 def check_slots(slots: Any) -> int:
@@ -381,6 +427,13 @@ def layout_differences(have: Layout, want: Layout) -> list[str]:
         diffs.append(f"slots: store has {have.slots}, requested {want.slots}")
     if tuple(map(os.path.normpath, have.dirs)) != tuple(map(os.path.normpath, want.dirs)):
         diffs.append(f"dirs: store has {list(have.dirs)}, requested {list(want.dirs)}")
+    if have.ram_dir != want.ram_dir or [e.ram for e in have.entries] != [
+        e.ram for e in want.entries
+    ]:
+        diffs.append(
+            f"RAM tier: store keeps {have.ram_bytes} bytes in {have.ram_dir}, requested "
+            f"{want.ram_bytes} bytes in {want.ram_dir} (--host-mem)"
+        )
     have_e = {e.name: e for e in have.entries}
     want_e = {e.name: e for e in want.entries}
     for name in want_e.keys() - have_e.keys():

@@ -74,6 +74,8 @@ def to_json(layout: Layout, version: int, crcs: Crcs) -> dict[str, Any]:
         "dirs": list(layout.dirs),
         "slots": layout.slots,
     }
+    if layout.ram_dir is not None:
+        doc["ram_dir"] = layout.ram_dir
     doc[CHECKSUM_KEY] = content_crc(doc)
     return doc
 
@@ -103,6 +105,8 @@ def _static_entries(layout: Layout) -> dict[str, dict[str, Any]]:
                 "file": {s: f[0] if len(layout.dirs) == 1 else f for s, f in files.items()},
                 "chunks": [_chunk_json(c) for c in e.chunks],
             }
+            if e.ram:
+                cache[e.name]["ram"] = True
         object.__setattr__(layout, "_manifest_static", cache)
     return cache
 
@@ -219,6 +223,9 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
     chunk_bytes = check_chunk_bytes(doc["chunk_bytes"])
     dirs = check_dirs(doc["dirs"])
     slots = check_slots(doc.get("slots", 2))  # stores written before single-slot had two
+    ram_dir = doc.get("ram_dir")
+    if ram_dir is not None and (not isinstance(ram_dir, str) or not os.path.isabs(ram_dir)):
+        raise ValueError(f"bad ram_dir {ram_dir!r}")
     entries = []
     crcs: Crcs = {s: {} for s in SLOTS}
     for name, rec in doc["entries"].items():
@@ -226,7 +233,12 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
         first = files if isinstance(files, str) else files[0]
         stem = os.path.basename(first).removesuffix(".A.page")
         shape = tuple(int(d) for d in rec["shape"])
-        e = plan_entry(name, shape, parse_dtype(rec["dtype"]), stem, chunk_bytes, len(dirs))
+        ram = rec.get("ram", False)
+        if ram not in (False, True) or (ram and ram_dir is None):
+            raise ValueError(f"entry {name!r}: bad RAM tier mark {ram!r}")
+        e = plan_entry(
+            name, shape, parse_dtype(rec["dtype"]), stem, chunk_bytes, len(dirs), ram=ram
+        )
         # The manifest repeats what the plan implies; a disagreement means it was edited or
         # damaged, and trusting either side could read the wrong bytes.
         want_chunks = [(c.offset, c.nbytes, c.elem_start, c.elem_count) for c in e.chunks]
@@ -237,7 +249,10 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
             raise ValueError(f"entry {name!r}: nbytes {rec['nbytes']} != {e.nbytes}")
         for s in SLOTS:
             phys = s if slots == 2 else SLOTS[0]
-            want = [os.path.join(dirs[k], f"{stem}.{phys}.page") for k in range(len(e.file_sizes))]
+            want = [
+                os.path.join(ram_dir if ram and ram_dir else dirs[k], f"{stem}.{phys}.page")
+                for k in range(len(e.file_sizes))
+            ]
             got = rec["file"][s]
             if (got if isinstance(got, list) else [got]) != want:
                 raise ValueError(f"entry {name!r}: files {got!r}, expected {want!r}")
@@ -250,7 +265,10 @@ def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:
         entries.append(e)
     if len({e.stem.lower() for e in entries}) != len(entries):
         raise ValueError("two entries share a page file")
-    return Layout(chunk_bytes, dirs, tuple(entries), slots=slots), version, crcs
+    if ram_dir is not None and not any(e.ram for e in entries):
+        raise ValueError("ram_dir without an entry in the RAM tier")
+    layout = Layout(chunk_bytes, dirs, tuple(entries), slots=slots, ram_dir=ram_dir)
+    return layout, version, crcs
 
 
 def write(root: str, layout: Layout, version: int, crcs: Crcs) -> None:

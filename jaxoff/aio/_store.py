@@ -313,10 +313,12 @@ class PageStore(StoreState):
                 f"written ({shown}). Write every chunk (unchanged entries too) or pass their "
                 "crcs, or call abort()"
             )
-        slot = self.inactive_slot
+        version = self._version + 1 if number is None else int(number)
+        # the slot of the new version's parity: the inactive one, except when a single-slot
+        # store (one file for both) is given back a version of its current parity by a restore
+        slot = "A" if version % 2 == 0 else "B"
         new_crcs = {s: dict(self._crcs[s]) for s in SLOTS}
         new_crcs[slot] = pending
-        version = self._version + 1 if number is None else int(number)
         old = (self._version, self._crcs)
         if not background:
             self._make_durable(slot, version, new_crcs, synced=durable)

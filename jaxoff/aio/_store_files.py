@@ -154,6 +154,11 @@ class FileTable:
         for old_file in FileTable(root, old).paths:
             if old_file not in keep and os.path.exists(old_file):
                 os.remove(old_file)
+        if old.ram_dir is not None and old.ram_dir != self.layout.ram_dir:
+            try:
+                os.rmdir(old.ram_dir)  # only when empty: another file there is not ours
+            except OSError:
+                pass
 
     def disk_bytes(self) -> int:
         return sum(os.stat(p).st_blocks * 512 for p in self.paths if os.path.exists(p))
@@ -273,4 +278,10 @@ def remove_owned(root: str, files: list[str]) -> None:
             except OSError:
                 break
             d = os.path.dirname(d)
+    for d in dirs:  # a RAM tier's folder (outside the root), once empty
+        if not d.startswith(root + os.sep) and os.path.basename(d).startswith("jaxoff-"):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
     fsync_dir(root)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,8 +42,9 @@ class StoreState:
         self._finish_lock = threading.RLock()  # commit() and close() from two threads
         # Set by the owner of a pager that commits this store behind the steps (see
         # `jaxoff.optim.chunks.PageTransaction`): waits for the steps in flight and their
-        # commits, so that what this process reads of the store is what its steps made.
-        self.settle_hook: Callable[[], None] | None = None
+        # commits, so that what this process reads of the store is what its steps made. A
+        # `weakref.WeakMethod` does not keep its owner alive.
+        self.settle_hook: Callable[[], Any] | None = None
         self._held = threading.local()  # this thread holds _finish_lock (see `_locked`)
 
     # ----------------------------------------------------------------- properties
@@ -54,8 +56,12 @@ class StoreState:
     def _settle(self) -> None:
         """Runs the `settle_hook`, except under `_locked` (the pager's commit needs the lock:
         waiting for it there would never end; callers settle before they lock)."""
-        if self.settle_hook is not None and not getattr(self._held, "depth", 0):
-            self.settle_hook()
+        hook = self.settle_hook
+        if hook is not None and not getattr(self._held, "depth", 0):
+            if isinstance(hook, weakref.WeakMethod):
+                hook = hook()  # None once its owner is gone
+            if hook is not None:
+                hook()
 
     @contextlib.contextmanager
     def _locked(self):

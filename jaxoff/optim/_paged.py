@@ -63,6 +63,7 @@ def paged(
     slots: int = 2,
     probe: bool = True,
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
+    host_mem: int = 0,
 ) -> PagedTransformation:
     """Pages the state of an element-wise optax transformation, and fp32 master weights, to SSD.
 
@@ -94,6 +95,9 @@ def paged(
         tracing. Pass False only for a transformation known to be element-wise: `jaxoff
         train` does for its own optimizers (adamw, adam, lion, sgd, rmsprop), whose paged
         updates the tests compare bitwise with optax's.
+      host_mem: for a store directory: bytes of host memory (a RAM filesystem, see
+        `jaxoff.aio._ramtier`) that keep the store's first entries, the rest on disk; one
+        store, the same checksums and commits. 0 (default): everything on disk.
 
     >>> import optax, jax.numpy as jnp, tempfile
     >>> tx = paged(optax.adamw(1e-3), tempfile.mkdtemp() + "/store", chunk_bytes=4096)
@@ -113,6 +117,7 @@ def paged(
         slots=slots,
         probe=probe,
         read_ahead_bytes=read_ahead_bytes,
+        host_mem=host_mem,
     )
     # optax types states as arrays and containers of them; a PagedState is a pytree all the same
     return PagedTransformation(pager.init, pager.update)  # pyright: ignore[reportArgumentType]
@@ -175,6 +180,7 @@ class Pager:
         slots=2,
         probe=True,
         read_ahead_bytes=DEFAULT_READ_AHEAD_BYTES,
+        host_mem=0,
     ):
         if not isinstance(tx, optax.GradientTransformation) and hasattr(
             tx, "gradient_transformation"
@@ -188,6 +194,9 @@ class Pager:
         self.engine = engine if engine is not None else DEFAULT_ENGINE
         self.read_ahead_bytes = int(read_ahead_bytes)
         self.slots = check_slots(slots)
+        if isinstance(host_mem, bool) or not isinstance(host_mem, int) or host_mem < 0:
+            raise ValueError(f"host_mem must be a non-negative int (bytes), got {host_mem!r}")
+        self.host_mem = int(host_mem)
         self._given: PageStore | None = None  # a store given open to `paged`
         if isinstance(store, PageStore):
             self._given, self.root, self.chunk_bytes = store, store.root, store.chunk_bytes
@@ -198,6 +207,7 @@ class Pager:
         self.txn: PageTransaction | None = None  # the store, its files and pager, while open
         self.owner = PagedTable("jaxoff.paged")  # its table's name and the steps' plans
         self._plans: dict = {}
+        self._eager: dict[bool, Any] = {}  # jitted steps for eager calls, by `apply`
         self._chunk_fns: dict = {}  # (id(plan), leaf) -> (plan, jitted chunk update)
         self._probe = probe
         self._probed: set = set()
@@ -265,6 +275,7 @@ class Pager:
                     read_ahead_bytes=ahead,
                     write_behind_bytes=ahead,
                     stale_fix=stale_fix,
+                    host_mem=self.host_mem,
                 )
                 self._given = None
             elif list(self.txn.store.entries) != list(entries):
@@ -344,7 +355,17 @@ class Pager:
         return self._step(grads, state, params, apply=True, extra=extra_args)
 
     def _step(self, grads, state: PagedState, params, *, apply: bool, extra: dict):
-        return paged_update(self, grads, state, params, apply=apply, extra=extra)
+        args = (grads, state, params, extra)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+            return paged_update(self, grads, state, params, apply=apply, extra=extra)
+        # called eagerly: a step's paging calls run as one program, whose plan is registered
+        # when it is traced (see `PageTransaction.begin`)
+        step = self._eager.get(apply)
+        if step is None:
+            step = self._eager[apply] = jax.jit(
+                lambda g, s, p, e: paged_update(self, g, s, p, apply=apply, extra=e)
+            )
+        return step(*args)
 
 
 def _check_chunk_bytes(chunk_bytes) -> int:

@@ -43,7 +43,9 @@ records the new version in its manifest (`PageStore.commit`).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -55,10 +57,13 @@ from jaxoff.aio import (
     EngineConfig,
     PageStore,
     PageStoreError,
+    PageStoreLayoutError,
     PageStoreTornError,
     store_error_from,
 )
 from jaxoff.aio._ffi_calls import register_file_table, unregister_file_table
+from jaxoff.aio._layout import layout_differences, plan_layout
+from jaxoff.aio._manifest import read as read_manifest
 from jaxoff.aio._pager import (
     Pager,
     PagerConfig,
@@ -70,6 +75,7 @@ from jaxoff.aio._pager import (
     page_take,
     wait_for_steps,
 )
+from jaxoff.aio._ramtier import check_ram_tier, ram_tier_dir
 from jaxoff.optim._codec import write_chunk
 from jaxoff.optim._stepplan import Address, Loop, Site, StepPlan
 
@@ -143,8 +149,9 @@ class PageTransaction:
         self.table = table.name
         self.engine = engine if engine is not None else EngineConfig()
         self._registration = register_file_table(self.table, store.file_table(), config=self.engine)
-        self._index: dict[str, dict[tuple[str, int], tuple[int, int, int]]] = {}
-        self._commit_error: BaseException | None = None
+        # what the pager's thread calls to commit: it holds the store, not this transaction,
+        # so that a transaction nobody holds is collected and closed (`_release`)
+        self._committer = _Committer(store)
         # slots as large as the largest chunk there is (a store of small leaves with a large
         # chunk size needs small slots)
         largest = max((c.padded_nbytes for e in store.layout.entries for c in e.chunks), default=1)
@@ -154,7 +161,7 @@ class PageTransaction:
                 self.table,
                 version=store.version,
                 crcs=self._store_crcs(),
-                commit=self._commit,
+                commit=self._committer,
                 config=self.config,
                 stale_hint=stale_fix,
             )
@@ -163,8 +170,12 @@ class PageTransaction:
             raise
         for plan_id, plan in table.plans.items():  # steps compiled against an earlier pager
             self.pager.register_plan(plan_id, *(self._placed(plan, p) for p in (0, 1)))
-        self._local = threading.local()  # set on the pager's thread while it commits
-        store.settle_hook = self._settle_hook
+        store.settle_hook = weakref.WeakMethod(self._settle_hook)
+        # a transaction dropped without `close` (an optimizer a user let go) gives back its
+        # files, pager and lock when it is collected, its last step committed
+        self._finalizer = weakref.finalize(
+            self, _release, self.pager, store, self.table, self._registration, self._committer
+        )
 
     @classmethod
     def open(
@@ -181,10 +192,15 @@ class PageTransaction:
         read_ahead_bytes: int = READ_AHEAD_BYTES,
         write_behind_bytes: int = WRITE_BEHIND_BYTES,
         stale_fix: str = STALE_FIX,
+        host_mem: int = 0,
     ) -> PageTransaction:
         """Opens (or creates) the store at ``root`` with ``entries`` (``{name: (shape,
         dtype)}``, in store order), or takes the open ``store`` (whose entries must be those),
         and opens its pager.
+
+        ``host_mem``: bytes of the store's RAM tier (`jaxoff.aio._ramtier`): entries, in
+        order, whose files fit in it live in host memory, the rest on disk; checked against
+        the machine before anything is written.
 
         ``discard_torn``: a single-slot store left mid-update by a crash is made again empty
         instead of raising `PageStoreTornError` (for a caller that writes every chunk anew).
@@ -194,16 +210,26 @@ class PageTransaction:
           PageStoreError: the store holds other entries (another model or layout).
         """
         if store is None or store.closed:
+            planned = plan_layout(
+                entries,
+                chunk_bytes,
+                slots=slots,
+                ram_bytes=int(host_mem),
+                ram_dir=ram_tier_dir(root) if host_mem else None,
+            )
+            check_ram_tier(planned, os.path.abspath(os.fspath(root)))
             try:
-                store = PageStore.open_or_create(
-                    root, entries, chunk_bytes=chunk_bytes, slots=slots
-                )
+                store = PageStore.open_or_create(root, planned, slots=slots)
             except PageStoreTornError:
                 if not discard_torn:
                     raise
-                store = PageStore.create(
-                    root, entries, exist_ok=True, chunk_bytes=chunk_bytes, slots=slots
-                )
+                store = PageStore.create(root, planned, exist_ok=True, slots=slots)
+            except PageStoreLayoutError:
+                # a restore (which rewrites every chunk) may move pages between the RAM tier
+                # and the disk: a resumed run may be given another --host-mem
+                if not discard_torn or not _only_the_ram_tier_differs(root, planned):
+                    raise
+                store = PageStore.create(root, planned, exist_ok=True, slots=slots)
         if list(store.entries) != list(entries):
             store.close()
             raise PageStoreError(
@@ -257,7 +283,7 @@ class PageTransaction:
         try:
             self.pager.settle()
         except PagerError as e:
-            cause, self._commit_error = self._commit_error, None
+            cause, self._committer.error = self._committer.error, None
             if isinstance(cause, PageStoreError):
                 raise cause from None
             error = PageStoreError(
@@ -269,7 +295,7 @@ class PageTransaction:
     def _settle_hook(self) -> None:
         """The store's `settle_hook`: what this process reads of the store is what its steps
         made (not on the pager's thread, which commits through the store)."""
-        if not getattr(self._local, "committing", False) and not self.pager.closed:
+        if not self._committer.committing and not self.pager.closed:
             self.settle()  # (nothing to wait for once another owner replaced the pager)
 
     def check_version(self, version) -> None:
@@ -293,12 +319,7 @@ class PageTransaction:
             self.settle()
         except PageStoreError as e:
             error = e
-        self.pager.close()
-        self.store.settle_hook = None
-        try:
-            self.store.close()
-        finally:
-            unregister_file_table(self.table, self._registration)
+        self._finalizer()
         if error is not None:
             raise error
 
@@ -339,6 +360,59 @@ class PageTransaction:
         return reads, writes
 
     def _address_index(self, slot: str) -> dict[tuple[str, int], tuple[int, int, int]]:
+        return self._committer.address_index(slot)
+
+    def _store_crcs(self) -> list[tuple[int, int, int]]:
+        return self._committer.store_crcs()
+
+
+def _only_the_ram_tier_differs(root, planned) -> bool:
+    try:
+        have = read_manifest(os.fspath(root))[0]
+    except PageStoreError:
+        return False
+    diffs = layout_differences(have, planned)
+    return bool(diffs) and all(d.startswith("RAM tier:") for d in diffs)
+
+
+def _release(pager, store: PageStore, table: str, registration, committer) -> None:
+    """Closes what a transaction holds, once its steps in flight have run: the pager (making
+    the last step's pending commit), the store and the file table. Where the collector runs
+    it on the pager's own thread (mid-commit), a thread of its own does it, as the pager
+    cannot wait for itself."""
+    if committer.committing:
+        threading.Thread(
+            target=_release, args=(pager, store, table, registration, committer)
+        ).start()
+        return
+    try:
+        if not pager.closed:
+            wait_for_steps()  # steps dispatched before it was let go still page through it
+        pager.close()
+    finally:
+        store.settle_hook = None
+        try:
+            store.close()
+        finally:
+            unregister_file_table(table, registration)
+
+
+class _Committer:
+    """The pager's commit of a store (called on the pager's thread): the step that read the
+    store's version wrote ``rows`` (``(file id, offset, crc32c)``) to the other slot, synced:
+    record them as the store's next version."""
+
+    def __init__(self, store: PageStore):
+        self.store = store
+        self.error: BaseException | None = None
+        self._index: dict[str, dict[tuple[str, int], tuple[int, int, int]]] = {}
+        self._local = threading.local()  # set on the pager's thread while it commits
+
+    @property
+    def committing(self) -> bool:
+        return getattr(self._local, "committing", False)
+
+    def address_index(self, slot: str) -> dict[tuple[str, int], tuple[int, int, int]]:
         if slot not in self._index:
             t = self.store.chunk_table(slot)
             names = list(self.store.entries)
@@ -350,11 +424,11 @@ class PageTransaction:
             }
         return self._index[slot]
 
-    def _store_crcs(self) -> list[tuple[int, int, int]]:
+    def store_crcs(self) -> list[tuple[int, int, int]]:
         """The committed version's checksums as ``(file id, offset, crc32c)``."""
         if self.store.version == 0:
             return []
-        index = self._address_index(self.store.active_slot)
+        index = self.address_index(self.store.active_slot)
         out = []
         for name in self.store.entries:
             for c, crc in enumerate(self.store.crcs(name)):
@@ -363,22 +437,19 @@ class PageTransaction:
                     out.append((f, o, int(crc)))
         return out
 
-    def _commit(self, version: int, rows: list) -> None:
-        """The pager's commit (on its thread): the step that read the store's version wrote
-        ``rows`` (``(file id, offset, crc32c)``) to the other slot, synced: record them as the
-        store's next version."""
+    def __call__(self, version: int, rows: list) -> None:
         self._local.committing = True
         try:
             store = self.store
             if store.closed:
-                raise PageStoreError(f"page store {self.root} was closed during a step")
+                raise PageStoreError(f"page store {store.root} was closed during a step")
             if version != store.version + 1:
                 raise PageStoreError(
-                    f"the pager of page store {self.root} commits version {version}, but the "
+                    f"the pager of page store {store.root} commits version {version}, but the "
                     f"store holds version {store.version}"
                 )
             by_file = {
-                (f, o): key for key, (f, o, _) in self._address_index(store.inactive_slot).items()
+                (f, o): key for key, (f, o, _) in self.address_index(store.inactive_slot).items()
             }
             crcs: dict[str, list] = {n: [None] * len(e.chunks) for n, e in store.entries.items()}
             for f, o, crc in rows:
@@ -386,7 +457,7 @@ class PageTransaction:
                 crcs[name][c] = int(crc)
             store.commit(crcs, durable=True)
         except BaseException as e:
-            self._commit_error = e
+            self.error = e
             raise
         finally:
             self._local.committing = False

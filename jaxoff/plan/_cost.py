@@ -75,6 +75,7 @@ class Prediction:
     link_bytes: int
     recomputed: tuple[str, ...]
     needed: tuple[str, ...]
+    ram_tier_bytes: int = 0  # of the paged optimizer state, kept in host RAM (--host-mem)
 
     @property
     def step_s(self) -> float:
@@ -113,6 +114,11 @@ def residual_split(prof: Profile, plan: Plan) -> tuple[int, int]:
     return dev, host
 
 
+# the share of the host memory a plan leaves free that the paged optimizer state's RAM tier
+# may take (the rest: what the cost model does not count, the OS's page cache)
+RAM_TIER_SHARE = 0.8
+
+
 def home_costs(prof: Profile, hw: Hardware, params: str, opt: str) -> dict[str, float]:
     """Bytes per tier and seconds that depend only on where params and states live."""
     P, G, S = prof.param_bytes, prof.grad_bytes, prof.opt_bytes
@@ -131,20 +137,24 @@ def home_costs(prof: Profile, hw: Hardware, params: str, opt: str) -> dict[str, 
             disk += P
             disk_s = 2 * P / hw.disk_read + P / hw.disk_write
     touched = 2 * S + 3 * P  # read+write states, read grads, read+write params
+    link_s = 0.0
     if opt == "device":
         dev += S
         opt_s = touched / hw.device_mem_bw
     else:
         opt_s = touched / hw.host_mem_bw
         if params == "device":
-            opt_s += (G + P) / hw.link  # gradients down, new parameters up
+            link_s = (G + P) / hw.link  # gradients down, new parameters up
+            opt_s += link_s
         if opt == "host":
             host += S
         else:
             host += STAGING_BYTES
             disk += S
             opt_s = max(opt_s, S / hw.disk_read, S / hw.disk_write)
-    return dict(dev=dev, host=host, disk=disk, link=link, disk_s=disk_s, opt_s=opt_s)
+    return dict(
+        dev=dev, host=host, disk=disk, link=link, disk_s=disk_s, opt_s=opt_s, opt_s_link=link_s
+    )
 
 
 def evaluate(prof: Profile, hw: Hardware, plan: Plan, *, cpu_lowering: bool = False) -> Prediction:
@@ -174,6 +184,28 @@ def evaluate(prof: Profile, hw: Hardware, plan: Plan, *, cpu_lowering: bool = Fa
     host = (0 if cpu_lowering else res_host) + home["host"]
     if hw.shared_memory:  # device and host are one pool (CPU): count it all on device
         device, host = device + host, 0
+    # host memory the plan leaves free keeps the paged optimizer state's first pages (the
+    # store's RAM tier, `jaxoff train --host-mem`): off the disk and its time
+    tier = 0
+    if plan.opt == "nvme":
+        spare = (hw.device_mem - device) if hw.shared_memory else (hw.host_mem - host)
+        tier = int(max(0.0, min(prof.opt_bytes, RAM_TIER_SHARE * spare)))
+        if tier:
+            rest = prof.opt_bytes - tier
+            home = {
+                **home,
+                "disk": home["disk"] - tier,
+                "opt_s": max(
+                    (2 * prof.opt_bytes + 3 * prof.param_bytes) / hw.host_mem_bw
+                    + (home["opt_s_link"]),
+                    rest / hw.disk_read,
+                    rest / hw.disk_write,
+                ),
+            }
+            if hw.shared_memory:
+                device += tier
+            else:
+                host += tier
     compute = prof.base_flops / hw.flops
     recompute = L * sum(prof.name(n).flops for n in recomputed) / hw.flops
     link_bytes = 2 * res_host + home["link"]
@@ -191,6 +223,7 @@ def evaluate(prof: Profile, hw: Hardware, plan: Plan, *, cpu_lowering: bool = Fa
         link_bytes=int(link_bytes),
         recomputed=tuple(n.name for n in prof.names if n.name in recomputed),
         needed=tuple(n.name for n in prof.names if n.name in needed),
+        ram_tier_bytes=tier,
     )
 
 

@@ -161,7 +161,8 @@ def train_homes(pf: PlanFile, store: str = "auto") -> tuple[dict, list[str]]:
 
     * optimizer states ``device``: ``--store none``; ``host``: a ``host_opt`` /
       ``host_params*`` placement (update on the host, ZeRO-Offload); ``nvme``: the
-      optimizer paged to disk (``--store``: the one given, else ``auto``).
+      optimizer paged to disk (``--store``: the one given, else ``auto``), its first pages
+      in host RAM as far as the plan leaves it free (``--host-mem``, the RAM tier).
     * parameters ``device``; ``host``: streamed one layer ahead
       (``host_params_stream1``, the planner's cost model) when every residual is
       recomputed (streaming recomputes each block), else copied whole (``host_params``);
@@ -209,7 +210,11 @@ def train_homes(pf: PlanFile, store: str = "auto") -> tuple[dict, list[str]]:
         store = store if store != "none" else "auto"
     else:
         store = "none"
-    return {"policy": policy, "placement": placement, "store": store}, notes
+    homes = {"policy": policy, "placement": placement, "store": store}
+    tier = int(pf.prediction.get("ram_tier_bytes", 0))
+    if opt == "nvme" and tier:
+        homes["host_mem"] = str(tier)  # the store's RAM tier (the host memory left free)
+    return homes, notes
 
 
 def apply_plan(cfg):

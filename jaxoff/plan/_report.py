@@ -71,6 +71,7 @@ def tiers_table(hw: Hardware, rows: list[tuple[str, Plan, Prediction]]) -> Table
         "plan",
         "device",
         "host",
+        "RAM tier",
         "disk",
         "step",
         "compute",
@@ -83,6 +84,7 @@ def tiers_table(hw: Hardware, rows: list[tuple[str, Plan, Prediction]]) -> Table
         "budget",
         fmt_bytes(hw.device_mem),
         "shared with device" if hw.shared_memory else fmt_bytes(hw.host_mem),
+        "",
         fmt_bytes(hw.disk),
         "",
         "",
@@ -92,12 +94,13 @@ def tiers_table(hw: Hardware, rows: list[tuple[str, Plan, Prediction]]) -> Table
     )
     for label, _, p in rows:
         if p is None:
-            t.add_row(label, "-", "-", "-", "no plan fits", "", "", "", "")
+            t.add_row(label, "-", "-", "-", "-", "no plan fits", "", "", "", "")
             continue
         t.add_row(
             label,
             fmt_bytes(p.device_bytes),
             fmt_bytes(p.host_bytes),
+            fmt_bytes(p.ram_tier_bytes) if p.ram_tier_bytes else "-",
             fmt_bytes(p.disk_bytes),
             fmt_s(p.step_s),
             fmt_s(p.compute_s),

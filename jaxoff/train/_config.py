@@ -152,6 +152,7 @@ class TrainConfig:
     chunk_mib = _Flat(lambda c: c.store_options.chunk_mib)
     store_slots = _Flat(lambda c: c.store_options.store_slots)
     paged_checkpoint = _Flat(lambda c: c.store_options.paged_checkpoint)
+    host_mem = _Flat(lambda c: c.store_options.host_mem)
     placement = _Flat(lambda c: c.strategy_options.placement)
     fsdp = _Flat(lambda c: c.strategy_options.fsdp)
     strategy = _Flat(lambda c: c.strategy_options.strategy)
@@ -221,6 +222,7 @@ class TrainConfig:
                     f"--chunk-mib must be from 1 to {MAX_CHUNK_BYTES >> 20} (MiB per chunk of the "
                     f"paged optimizer state), got {self.chunk_mib}"
                 )
+            self.host_mem_bytes()  # a size
             if self.store_slots not in (1, 2):
                 raise ConfigError(
                     f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
@@ -399,7 +401,23 @@ class TrainConfig:
             chunk_mib=store.chunk_mib,
             slots=store.store_slots,
             sharded=self.sharded_store(),
+            host_mem=self.host_mem_bytes() if self.store_dir() is not None else 0,
         )
+
+    def host_mem_bytes(self) -> int:
+        """``--host-mem`` in bytes (0: no RAM tier)."""
+        from ..plan._hardware import parse_size
+
+        text = self.store_options.host_mem
+        try:
+            size = parse_size(text)
+        except ConfigError:
+            size = -1.0
+        if size < 0:
+            raise ConfigError(
+                f"--host-mem must be a size such as 4GiB, 512MiB or 0 (no RAM tier), got {text!r}"
+            )
+        return int(size)
 
     def to_json(self) -> dict:
         values = self.options()
@@ -443,6 +461,7 @@ RESUMABLE_CHANGES = frozenset(
         "chunk_mib",
         "store_slots",
         "paged_checkpoint",  # how the next checkpoints hold the paged state
+        "host_mem",  # where the store's pages live, not what they hold
         "fuyou_read_ahead_mib",  # how far reads run ahead, not what the step computes
         "compile_cache",  # where compiled programs are kept, not what they compute
     }

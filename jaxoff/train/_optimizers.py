@@ -26,6 +26,7 @@ def build_optimizer_parts(
     chunk_mib: int = 16,
     slots: int = 2,
     sharded: bool = False,
+    host_mem: int = 0,
 ):
     """``(clipping or None, the rest)``; the rest is paged into ``store`` (chunks of
     ``chunk_mib`` MiB, ``slots`` slots) unless it is None. With a store the clipping is
@@ -53,4 +54,6 @@ def build_optimizer_parts(
         tx, pre = optax.chain(pre, tx), None
     # every optimizer of the menu above is element-wise, and its paged update is compared
     # bitwise with optax's in the tests: the probe would only cost seconds of tracing
-    return pre, paged(tx, store, chunk_bytes=chunk_mib << 20, slots=slots, probe=False)
+    return pre, paged(
+        tx, store, chunk_bytes=chunk_mib << 20, slots=slots, probe=False, host_mem=host_mem
+    )

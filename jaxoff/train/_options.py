@@ -176,12 +176,19 @@ class StoreOptions:
             and only while the store still holds that version: the next step overwrites it
             (with --store-slots 2, the step after), so it suits a run's last checkpoint;
             --resume then falls back to an older checkpoint (--resume-fallback) or says so.
+        host_mem: host memory for the page store's RAM tier (e.g. 4GiB; 0: none): its first
+            entries, as many as fit, live in RAM (a tmpfs: /dev/shm, or $JAXOFF_HOST_MEM_DIR)
+            and the rest on disk, in one store with the same checksums and commits. Checked
+            against MemAvailable and the cgroup limit before anything is written; the RAM
+            files do not survive a reboot (--resume then rebuilds the store from the last
+            checkpoint).
     """
 
     store: str = "auto"
     chunk_mib: int = 16
     store_slots: int = 2
     paged_checkpoint: PagedCheckpoint = "copy"
+    host_mem: str = "0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +281,7 @@ FLAT_NAMES: tuple[str, ...] = (
     "chunk_mib",
     "store_slots",
     "paged_checkpoint",
+    "host_mem",
     "placement",
     "fsdp",
     "strategy",
