@@ -71,6 +71,13 @@ RESIDUAL_NAMES: tuple[str, ...] = (
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+ACTIVATIONS = {
+    "gelu_new": lambda x: jax.nn.gelu(x),  # tanh approximation (GPT-2's)
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # exact, with erf
+}
+"""The MLP activations by their Hugging Face names (``gelu_new``, the tanh approximation,
+is also Hugging Face's ``gelu_pytorch_tanh``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
@@ -88,6 +95,9 @@ class GPTConfig:
         vocab_size: token ids are in ``[0, vocab_size)`` (256: bytes).
         stack: how the blocks run (:class:`jaxoff.nn.Stack`); jaxoff's commands set it.
         name: the size name, for tables and logs.
+        norm_eps: LayerNorm epsilon (GPT-2's is ``1e-5``).
+        tie_embeddings: the output head is the token embedding transposed (GPT-2).
+        activation: the MLP activation, a key of :data:`ACTIVATIONS`.
     """
 
     num_layers: int
@@ -101,12 +111,17 @@ class GPTConfig:
     vocab_size: int = VOCAB_SIZE
     stack: Stack = Stack()
     name: str = ""
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    activation: str = "gelu_new"
 
     residual_names = RESIDUAL_NAMES
 
     def __post_init__(self):
         if min(self.num_layers, self.d_model, self.num_heads, self.d_ff, self.vocab_size) < 1:
             raise ValueError(f"GPTConfig sizes must be positive, got {self}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r} is not one of {sorted(ACTIVATIONS)}")
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
@@ -148,8 +163,9 @@ class GPTConfig:
             + (f * d + d)  # MLP
         )
         pos = self.max_seq_len * d if self.positions == "learned" else 0
-        # token embedding, final LayerNorm, untied output head (no bias)
-        return self.vocab_size * d + pos + n * block + 2 * d + d * self.vocab_size
+        head = 0 if self.tie_embeddings else d * self.vocab_size
+        # token embedding, final LayerNorm, output head (no bias)
+        return self.vocab_size * d + pos + n * block + 2 * d + head
 
 
 def _gpt2(num_layers: int, d_model: int, num_heads: int, **kw) -> GPTConfig:
@@ -229,6 +245,7 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
+        self.activation = cfg.activation
         lin = dict(dtype=cfg.compute_dtype, param_dtype=cfg.parameter_dtype, rngs=rngs)
         self.up = nnx.Linear(
             cfg.d_model, cfg.d_ff, kernel_init=nnx.initializers.normal(0.02), **lin
@@ -238,7 +255,7 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = checkpoint_name(self.up(x), "mlp_up")
-        h = checkpoint_name(jax.nn.gelu(h), "mlp_act")
+        h = checkpoint_name(ACTIVATIONS[self.activation](h), "mlp_act")
         return checkpoint_name(self.down(h), "mlp_down")
 
 
@@ -246,7 +263,12 @@ class Block(nnx.Module):
     """Pre-LayerNorm transformer block."""
 
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
-        norm = dict(dtype=cfg.compute_dtype, param_dtype=cfg.parameter_dtype, rngs=rngs)
+        norm = dict(
+            epsilon=cfg.norm_eps,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.parameter_dtype,
+            rngs=rngs,
+        )
         self.attn_norm = nnx.LayerNorm(cfg.d_model, **norm)
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = nnx.LayerNorm(cfg.d_model, **norm)
@@ -275,17 +297,22 @@ class GPT(nnx.Module):
             self.pos_embed = nnx.Embed(cfg.max_seq_len, cfg.d_model, embedding_init=init, **emb)
         self.blocks = stacked(lambda r: Block(cfg, rngs=r), cfg.num_layers, rngs)
         self.final_norm = nnx.LayerNorm(
-            cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.parameter_dtype, rngs=rngs
-        )
-        self.head = nnx.Linear(
             cfg.d_model,
-            cfg.vocab_size,
-            use_bias=False,
-            kernel_init=init,
+            epsilon=cfg.norm_eps,
             dtype=cfg.compute_dtype,
             param_dtype=cfg.parameter_dtype,
             rngs=rngs,
         )
+        if not cfg.tie_embeddings:
+            self.head = nnx.Linear(
+                cfg.d_model,
+                cfg.vocab_size,
+                use_bias=False,
+                kernel_init=init,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.parameter_dtype,
+                rngs=rngs,
+            )
 
     def embed_tokens(self, tokens: jax.Array) -> jax.Array:
         """Token (and learned position) embeddings in the compute dtype: ``[B, T, D]``."""
@@ -299,8 +326,11 @@ class GPT(nnx.Module):
         return x.astype(cfg.compute_dtype)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """Final LayerNorm and output head, in float32: ``[B, T, vocab_size]``."""
-        return self.head(self.final_norm(x)).astype(jnp.float32)
+        """Final LayerNorm and output head (or the tied embedding), in float32:
+        ``[B, T, vocab_size]``."""
+        x = self.final_norm(x)
+        out = self.embed.attend(x) if self.cfg.tie_embeddings else self.head(x)
+        return out.astype(jnp.float32)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return self.logits(run_stack(self.blocks, self.embed_tokens(tokens), self.cfg.stack))

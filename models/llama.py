@@ -1,6 +1,12 @@
 """A Llama-style decoder in Flax NNX: RMSNorm, SwiGLU, rotary positions, grouped-query
 attention, no biases, optionally tied embeddings.
 
+Options of the Llama family's relatives, all off by default (then the model is bit for bit
+the plain Llama): an explicit head size (Mistral, Qwen3), Llama 3.1's rotary frequency
+scaling (:class:`Llama3RopeScaling`), query/key/value biases (Qwen2), RMSNorm of each query
+and key head (Qwen3) and a sliding attention window (Mistral). ``jaxoff.models.hf`` reads
+and writes Hugging Face checkpoints of all of them.
+
 Like the GPT (``models/gpt.py``) it implements jaxoff's model protocol (:mod:`jaxoff.nn`): its
 blocks are stacked with :func:`jaxoff.nn.stacked` and run with :func:`jaxoff.nn.run_stack`
 under the config's ``stack`` (set by jaxoff), and every activation a policy may keep, offload
@@ -76,6 +82,44 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 
 
 @dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's rotary frequency scaling (Hugging Face ``rope_type: "llama3"``).
+
+    Wavelengths longer than ``original_max_position_embeddings / low_freq_factor`` are
+    stretched ``factor`` times, those shorter than ``original_max_position_embeddings /
+    high_freq_factor`` are kept, and those between are interpolated smoothly.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        if self.factor <= 0 or self.original_max_position_embeddings < 1:
+            raise ValueError(f"Llama3RopeScaling needs a positive factor and length: {self}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"Llama3RopeScaling needs high_freq_factor > low_freq_factor, got {self}"
+            )
+
+    def scale(self, inv_freq: jax.Array) -> jax.Array:
+        """The scaled inverse frequencies (the arithmetic of Hugging Face's
+        ``_compute_llama3_parameters``)."""
+        old = self.original_max_position_embeddings
+        low_wavelen = old / self.low_freq_factor
+        high_wavelen = old / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (old / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return jnp.where(medium, smoothed, scaled)
+
+
+@dataclasses.dataclass(frozen=True)
 class LlamaConfig:
     """Shape and dtypes of a Llama (a :class:`jaxoff.nn.LayeredModel`).
 
@@ -95,6 +139,14 @@ class LlamaConfig:
         vocab_size: token ids are in ``[0, vocab_size)`` (256: bytes).
         stack: how the blocks run (:class:`jaxoff.nn.Stack`); jaxoff's commands set it.
         name: the size name, for tables and logs.
+        head_size: the attention head size (Hugging Face's ``head_dim``); None is
+            ``d_model // num_heads``. Read it as :attr:`head_dim`.
+        rope_scaling: Llama 3.1's rotary frequency scaling, or None (plain rotary).
+        qkv_bias: the query, key and value projections have biases (Qwen2).
+        qk_norm: each query and key head is RMSNormed (over ``head_dim``) before rotary
+            positions (Qwen3).
+        sliding_window: a query attends to the last ``sliding_window`` positions only
+            (itself included; Mistral), or to all earlier ones (None).
     """
 
     num_layers: int
@@ -111,6 +163,11 @@ class LlamaConfig:
     vocab_size: int = VOCAB_SIZE
     stack: Stack = Stack()
     name: str = ""
+    head_size: int | None = None
+    rope_scaling: Llama3RopeScaling | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
 
     residual_names = RESIDUAL_NAMES
 
@@ -118,7 +175,11 @@ class LlamaConfig:
         sizes = (self.num_layers, self.d_model, self.num_heads, self.num_kv_heads, self.d_ff)
         if min(*sizes, self.max_seq_len, self.vocab_size) < 1:
             raise ValueError(f"LlamaConfig sizes must be positive, got {self}")
-        if self.d_model % self.num_heads:
+        if self.head_size is not None and self.head_size < 1:
+            raise ValueError(f"head_size must be positive, got {self.head_size}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.head_size is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
             )
@@ -141,7 +202,7 @@ class LlamaConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.d_model // self.num_heads if self.head_size is None else self.head_size
 
     @property
     def compute_dtype(self):
@@ -154,12 +215,15 @@ class LlamaConfig:
     def num_params(self) -> int:
         """Parameter count from the shapes (equals the built model's; a test checks it)."""
         d, f, n = self.d_model, self.d_ff, self.num_layers
+        q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         block = (
             2 * d  # two RMSNorm scales
-            + 2 * d * d  # q and out projections
+            + 2 * d * q  # q and out projections
             + 2 * d * kv  # k and v projections
             + 3 * d * f  # SwiGLU gate, up, down
+            + (q + 2 * kv if self.qkv_bias else 0)
+            + (2 * self.head_dim if self.qk_norm else 0)
         )
         head = 0 if self.tie_embeddings else d * self.vocab_size
         # token embedding, blocks, final RMSNorm, output head
@@ -213,12 +277,20 @@ CONFIGS: dict[str, LlamaConfig] = _named(
 embeddings alone are 0.26B to 1B parameters)."""
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> jax.Array:
+def rotary(
+    x: jax.Array,
+    positions: jax.Array,
+    theta: float = 10000.0,
+    scaling: Llama3RopeScaling | None = None,
+) -> jax.Array:
     """RoPE on the last axis of ``x: [B, T, H, Dh]`` at ``positions: [T]``, in the halves
     layout of Llama's Hugging Face checkpoints (``rotate_half``): dimension ``i`` of the
-    first half turns with ``i + Dh/2`` at frequency ``theta ** (-2i / Dh)``."""
+    first half turns with ``i + Dh/2`` at frequency ``theta ** (-2i / Dh)`` (then scaled by
+    ``scaling``, if any)."""
     half = x.shape[-1] // 2
     freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))
+    if scaling is not None:
+        freqs = scaling.scale(freqs)
     angles = positions[:, None].astype(jnp.float32) * freqs[None, :]  # [T, half]
     sin = jnp.sin(angles)[None, :, None, :].astype(x.dtype)
     cos = jnp.cos(angles)[None, :, None, :].astype(x.dtype)
@@ -238,25 +310,34 @@ class Attention(nnx.Module):
         lin = dict(
             use_bias=False, dtype=cfg.compute_dtype, param_dtype=cfg.parameter_dtype, rngs=rngs
         )
+        qkv = dict(lin, use_bias=cfg.qkv_bias)
         d, h, kv, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         init = nnx.initializers.normal(0.02)
-        self.q = nnx.LinearGeneral(d, (h, dh), kernel_init=init, **lin)
-        self.k = nnx.LinearGeneral(d, (kv, dh), kernel_init=init, **lin)
-        self.v = nnx.LinearGeneral(d, (kv, dh), kernel_init=init, **lin)
+        self.q = nnx.LinearGeneral(d, (h, dh), kernel_init=init, **qkv)
+        self.k = nnx.LinearGeneral(d, (kv, dh), kernel_init=init, **qkv)
+        self.v = nnx.LinearGeneral(d, (kv, dh), kernel_init=init, **qkv)
         out_init = nnx.initializers.normal(0.02 / math.sqrt(2 * cfg.num_layers))
         self.out = nnx.LinearGeneral((h, dh), d, axis=(-2, -1), kernel_init=out_init, **lin)
+        if cfg.qk_norm:  # made last: without it, the other parameters draw the same keys
+            self.q_norm = _rms_norm(cfg, rngs, dh)
+            self.k_norm = _rms_norm(cfg, rngs, dh)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
         b, seq = x.shape[:2]
         kv, group, dh = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
         pos = jnp.arange(seq)
-        q = checkpoint_name(rotary(self.q(x), pos, cfg.rope_theta), "attn_q")
-        k = checkpoint_name(rotary(self.k(x), pos, cfg.rope_theta), "attn_k")
+        q, k = self.q(x), self.k(x)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = checkpoint_name(rotary(q, pos, cfg.rope_theta, cfg.rope_scaling), "attn_q")
+        k = checkpoint_name(rotary(k, pos, cfg.rope_theta, cfg.rope_scaling), "attn_k")
         v = checkpoint_name(self.v(x), "attn_v")
         qg = q.reshape(b, seq, kv, group, dh)  # head h = (h // group, h % group)
         logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k) / jnp.sqrt(dh).astype(q.dtype)
         causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+        if cfg.sliding_window is not None:  # query i sees keys i - window + 1 .. i
+            causal &= jnp.triu(jnp.ones((seq, seq), dtype=bool), 1 - cfg.sliding_window)
         logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
         logits = checkpoint_name(logits.reshape(b, cfg.num_heads, seq, seq), "attn_logits")
         # softmax in float32 for stability whatever the compute dtype
@@ -288,9 +369,9 @@ class MLP(nnx.Module):
         return checkpoint_name(self.down(h), "mlp_down")
 
 
-def _rms_norm(cfg: LlamaConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
+def _rms_norm(cfg: LlamaConfig, rngs: nnx.Rngs, size: int | None = None) -> nnx.RMSNorm:
     return nnx.RMSNorm(
-        cfg.d_model,
+        cfg.d_model if size is None else size,
         epsilon=cfg.norm_eps,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.parameter_dtype,
