@@ -1,7 +1,10 @@
-"""bench/gpu/pager_probe.py, the GPU pager's prepared device run, checked on the CPU (--smoke)."""
+"""bench/gpu_session.sh and bench/gpu/pager_probe.py, the GPU machine's one command, checked
+on the CPU: --smoke runs the whole control flow at tiny sizes on JAX's CPU platform."""
 
 import importlib.util
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,25 +14,28 @@ import pytest
 from _limits import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
+SESSION = ROOT / "bench" / "gpu_session.sh"
 SCRIPT = ROOT / "bench" / "gpu" / "pager_probe.py"
+STEPS = ROOT / "bench" / "gpu" / "steps.py"
+CPU = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("pager_probe", SCRIPT)
+def load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def run(tmp_path, *args, timeout=HANG_S):
+def run(tmp_path, *args):
     out = tmp_path / "out"
     r = subprocess.run(
         [sys.executable, str(SCRIPT), str(out), "--store-dir", str(tmp_path), *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=HANG_S,
         cwd=tmp_path,
-        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"},
+        env=CPU,
     )
     return r, out
 
@@ -41,77 +47,128 @@ def test_without_a_gpu_it_refuses_unless_smoke(tmp_path):
     assert not out.exists()
 
 
-def test_busy_time_is_the_union_of_overlapping_spans():
-    mod = load()
-    assert mod.union_s([(0, 10), (5, 20), (30, 40)]) == pytest.approx(30e-9)
-    assert mod.union_s([(30, 40), (0, 10)]) == pytest.approx(20e-9)
-    assert mod.union_s([(0, 100), (10, 20)]) == pytest.approx(100e-9)
+def test_legacy_pager_without_its_tree_fails_in_one_line(tmp_path):
+    r = subprocess.run(
+        ["bash", str(SESSION), str(tmp_path / "out"), "--pager", "legacy"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        cwd=ROOT,
+        env={**CPU, "LEGACY_TREE": str(tmp_path / "no-legacy")},
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "8abcffe" in lines[0] and "1.54 s" in lines[0], r.stderr
+    assert r.stdout == "" and not (tmp_path / "out").exists()  # nothing installed or written
 
 
-def test_a_spent_deadline_skips_sections_and_says_so(tmp_path):
-    r, out = run(tmp_path, "--smoke", "--deadline-s", "0.01", "--sections", "pcie", "fuyou")
+def test_busy_time_is_the_union_of_overlapping_spans_inside_the_steps():
+    steps = load(STEPS)
+    assert steps.union_s([(0, 10), (5, 20), (30, 40)]) == pytest.approx(30e-9)
+    assert steps.union_s([(30, 40), (0, 10)]) == pytest.approx(20e-9)
+    assert steps.union_s([(0, 100), (10, 20)]) == pytest.approx(100e-9)
+    assert steps.union_s([(0, 10), (5, 20), (30, 40)], 5, 35) == pytest.approx(20e-9)
+    # step 1 (0..100) is left out; steps 2 and 3 are 100 ns each, GPU busy 50 + 100 ns
+    spans = [(0, 100), (100, 150), (200, 300)]
+    share = steps.busy_share(spans, [(0, 100), (100, 200), (200, 300)])
+    assert share["gpu_busy_fraction"] == pytest.approx(0.75)
+
+
+def test_the_plain_bracket_is_bounded():
+    steps = load(STEPS)
+    assert steps.next_size([], [], 8) == 8
+    assert steps.next_size([4, 8], [], 8) == 16  # doubling until one fails
+    assert steps.next_size([4, 8], [16], 8) == 12  # then halving the gap
+    assert steps.next_size([4], [8], 8) == 6
+    assert steps.next_size([5], [6], 8) is None
+
+
+def test_a_spent_deadline_skips_parts_and_says_so(tmp_path):
+    r, out = run(tmp_path, "--smoke", "--deadline-s", "0.01", "--parts", "pcie", "pager")
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["sections"] == {
-        "pcie": summary["sections"]["pcie"],
-        "fuyou": summary["sections"]["fuyou"],
-    }
-    assert all(v.startswith("skipped: deadline") for v in summary["sections"].values())
-    assert not (out / "pcie.json").exists()
+    assert list(summary["parts"]) == ["pcie", "pager"]
+    assert all(p["status"].startswith("skipped: deadline") for p in summary["parts"].values())
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ builds the probe's debug target")
-def test_smoke_transfers_handlers_and_xla_facts_on_cpu(tmp_path):
-    r, out = run(tmp_path, "--smoke", "--sections", "pcie", "handlers", "xla_facts")
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["sections"] == {"pcie": "ok", "handlers": "ok", "xla_facts": "ok"}, summary
-    prov = summary["provenance"]
-    assert prov["commit"] and prov["platform"] == "cpu" and prov["versions"]["jax"]
-    assert prov["engine_defaults"]["threads"] >= 2
-    pcie = json.loads((out / "pcie.json").read_text())
-    assert pcie["h2d_gb_s"] > 0 and pcie["d2h_gb_s"] > 0 and pcie["bidirectional_gb_s"] > 0
-    handlers = json.loads((out / "handlers.json").read_text())
-    assert handlers["platform"] == "cpu"  # the pager of the device JAX has
-    assert handlers["take_4k"]["calls"] == 200 and handlers["take_4k"]["us_per_call"] > 0
-    assert handlers["take_big"]["gb_s"] > 0 and handlers["write_behind_big"]["gb_s"] > 0
-    stats = handlers["stats"]  # two warm-up and two timed runs of each step
-    assert stats["takes"] == 2 * (200 + 8) and stats["puts"] == 2 * 8
-    assert stats["commits"] == 2 and stats["read_only_steps"] == 4
-    facts = json.loads((out / "xla_facts.json").read_text())
-    # XLA's CPU runtime: one run id per execution, the scan's two sites in order, 20 trips.
-    assert facts["run_id_per_execution"] is True
-    assert facts["site_order"] is True
-    assert facts["calls_per_execution"] == [40, 40, 40]
-    assert facts["host_ahead_of_gpu"] is None  # a GPU-only fact
-    assert not list(tmp_path.glob("jaxoff-pager-probe-*"))  # its page store is removed
+def test_the_session_measures_the_pager_first():
+    text = SESSION.read_text()
+    parts = re.search(r"^PARTS=\$\{PARTS:-([^}]*)\}", text, re.M).group(1).split()
+    assert parts[0] == "pager" and parts == load(SCRIPT).PARTS
 
 
 @pytest.mark.slow
-def test_smoke_fuyou_probes_run_in_child_processes(tmp_path):
-    r, out = run(tmp_path, "--smoke", "--deadline-s", "1500", "--sections", "fuyou")
-    assert r.returncode == 0, r.stderr[-3000:]
-    rec = json.loads((out / "fuyou.json").read_text())
-    plain, fuyou = rec["plain_bf16"], rec["fuyou_1L"]
-    assert plain["ok"] and fuyou["ok"], (plain, fuyou)
-    assert fuyou["mode"] == "fuyou-nvme" and len(fuyou["step_s"]) == 2
-    assert fuyou["engine"] and "read_bytes" in json.dumps(fuyou["engine"])
-    assert fuyou["gpu_busy_s"] is None  # no GPU plane in a CPU trace
-    assert rec["step_ratio_fuyou_over_plain"] > 0
-
-
-def test_smoke_gpu_pager_section_lowers_the_pager_steps_without_a_gpu(tmp_path):
-    r, out = run(tmp_path, "--smoke", "--sections", "gpu_pager")
-    assert r.returncode == 0, r.stderr
+@pytest.mark.subprocess
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ builds xla_facts' debug target")
+def test_smoke_session_writes_six_files_at_most_with_every_figure(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(
+        ["bash", str(SESSION), str(out), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        cwd=ROOT,
+        env={**CPU, "STORE_SMOKE": str(tmp_path / "store")},
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == [
+        "facts.json",
+        "pager.json",
+        "plain_vs_jaxoff.json",
+        "session.log",
+        "summary.json",
+    ]
+    assert all(p.is_file() for p in out.iterdir())
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["sections"] == {"gpu_pager": "ok"}, summary
-    rec = json.loads((out / "gpu_pager.json").read_text())
-    assert rec["skipped"].startswith("no GPU (cpu)")
-    assert rec["lowering"]["operands"] == {
+    assert summary["commit"] and summary["tree_clean"] in (True, False)
+    assert summary["machine"]["platform"] == "cpu" and summary["machine"]["cpus"] >= 1
+    assert summary["versions"]["jax"] and summary["pager"] == "new" and summary["smoke"]
+    parts = summary["parts"]
+    assert list(parts)[0] == "pager"
+    assert {k: v["status"] for k, v in parts.items()} == dict.fromkeys(
+        ["pager", "plain_vs_jaxoff", "gpu_pager", "xla_facts", "pcie", "handlers"], "ok"
+    )
+    assert {v["file"] for v in parts.values()} == {
+        "pager.json",
+        "plain_vs_jaxoff.json",
+        "facts.json",
+    }
+    figures = summary["figures"]
+    assert set(figures) == {"fuyou_16L_step_s", "gpu_busy_fraction_16L", "tokens_per_s_ratio"}
+    assert figures["fuyou_16L_step_s"]["value"] > 0 and figures["fuyou_16L_step_s"]["met"] is None
+    assert figures["tokens_per_s_ratio"]["value"] > 0
+    assert summary["legacy_record"]["fuyou_16L_step_s"] == 1.543
+
+    pager = json.loads((out / "pager.json").read_text())
+    for n in (1, 2):  # the smoke run's 4 and 16 layers
+        rec = pager[f"fuyou_{n}L"]
+        assert rec["ok"] and rec["mode"] == "fuyou-nvme" and len(rec["step_s"]) == 2, rec
+        assert rec["step_windows"] == 2  # each step's wall-clock window, for the busy share
+        assert rec["gpu_busy_fraction"] is None  # no GPU plane in a CPU trace
+        assert "read_bytes" in json.dumps(rec["engine"])
+    assert pager["plain_bf16_1L"]["ok"] and pager["figures"]["step_ratio_fuyou_over_plain"] > 0
+
+    pvj = json.loads((out / "plain_vs_jaxoff.json").read_text())
+    assert pvj["plain_probes_run"] <= pvj["plain_probes_cap"] == 1
+    assert pvj["jaxoff"]["layers"] == pvj["plain_largest_layers"] and pvj["jaxoff"]["ok"]
+
+    facts = json.loads((out / "facts.json").read_text())
+    assert set(facts) == {"gpu_pager", "xla_facts", "pcie", "handlers"}
+    assert facts["gpu_pager"]["skipped"].startswith("no GPU (cpu)")
+    assert facts["gpu_pager"]["lowering"]["operands"] == {
         "jaxoff_pager_begin": [1, 1],  # a write step and a read step: the token each
         "jaxoff_pager_take": [1],
         "jaxoff_pager_out": [2],  # the tensor and the token
         "jaxoff_pager_commit": [1, 1],
     }
-    assert rec["lowering"]["attributes"]["jaxoff_pager_out"] == [["plan", "site", "table"]]
-    assert rec["lowering"]["callbacks"] == 0
+    assert facts["gpu_pager"]["lowering"]["callbacks"] == 0
+    xf = facts["xla_facts"]  # XLA's CPU runtime: a run id an execution, sites in order
+    assert xf["run_id_per_execution"] and xf["site_order"] and xf["host_ahead_of_gpu"] is None
+    assert facts["pcie"]["h2d_gb_s"] > 0 and facts["handlers"]["platform"] == "cpu"
+    stats = facts["handlers"]["stats"]  # two warm-up and two timed runs of each step
+    assert stats["takes"] == 2 * (200 + 8) and stats["puts"] == 2 * 8
+    log = (out / "session.log").read_text()
+    assert "== parts: pager plain_vs_jaxoff" in log and "== done" in log
+    assert not list((tmp_path / "store").glob("jaxoff-*"))  # page stores removed

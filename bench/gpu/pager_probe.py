@@ -1,38 +1,39 @@
-"""The GPU pager's first device run: one command, its own deadline, one JSON file a section.
+"""The GPU pager's device run: one command, a deadline for each part, at most six files.
 
-    python bench/gpu/pager_probe.py OUT [--deadline-s 340] [--store-dir /dev/shm/x]
+    python bench/gpu/pager_probe.py OUT [--deadline-s 480] [--store-dir /dev/shm/x]
+    python bench/gpu/pager_probe.py OUT --pager legacy --legacy-tree .legacy   # the old pager
     python bench/gpu/pager_probe.py OUT --smoke      # small sizes; runs on the CPU too
 
-Sections, in order of priority; each writes OUT/<section>.json as soon as it ends, and one
-that would not finish before the deadline is skipped with the reason (OUT/summary.json lists
-them all, with the commit, the device, the driver and the versions):
+bench/gpu_session.sh runs it after installing jaxoff on a lent machine. Parts, in order
+(``--parts``); each has its own deadline (``BUDGET_S``, cut to what is left of the run's) and
+writes its record as soon as it ends; OUT/summary.json says, after every part, each part's
+status (``running`` while it runs, so a run killed mid-part still says where), the commit,
+the machine, the versions and the headline figures against their goals:
 
-  pcie        PCIe through XLA's own transfers: a pinned_host array to the device and back,
-              three times each, and both directions at once (GB/s). The bound every later
-              figure is compared with.
-  handlers    the pager's calls on the device JAX has: a lax.scan of page_take of 4 KiB (us
-              a call), the same at 16 MiB (GB/s), and page_out of 16 MiB chunks with the writes
-              behind the step (GB/s, until Pager.settle: durable and committed).
-  gpu_pager   the CUDA pager's calls (jaxoff_pager_begin/_take/_out/_commit, which never wait
-              for the GPU): a step of page_out of 32 chunks of 16 MiB, then a step taking
-              them back, checked bitwise, with host and device time and the pager's counters.
-              Without a GPU (--smoke) it only lowers the two steps for CUDA and counts their
-              calls and operands.
-  xla_facts   what the GPU pager's design relies on, from a debug FFI target compiled here
-              (ffi/src/probe_mark_handler.cc): a new run id per execution, calls in site order
-              inside a scan, and whether XLA's thread runs ahead of the GPU (host time of each
-              call against the time its stream reached it).
-  fuyou       bench/capacity.py's fuyou-nvme at 4 and 16 layers (d_model 1024) and plain-bf16
-              at 4, each in a child process with the engine counters and the GPU-busy time
-              (jax.profiler trace of the run: the union of the GPU streams' kernels and copies).
-  plain_vs_jaxoff  plain-bf16's largest size under the device cap (layers tried upward), then
-              fuyou-nvme at that size: tokens/s of both in one run.
-  capacity    fuyou-nvme at 3x plain's largest size and upward (a bracket: the largest that
-              trained, the smallest that failed), each with MFU.
+  pager       (pager.json) Fuyou's step (bench/capacity.py's fuyou-nvme: optimizer state and
+              block parameters in the page store) at 4 and 16 layers, d_model 1024, with the
+              GPU-busy share of its steps (jax.profiler trace), and plain-bf16 at 4 layers.
+              ``--pager legacy`` runs the same Fuyou probes from a checkout of commit 8abcffe,
+              the last with the old paging calls (jaxoff_page_prefetch/_take/_out/_in/_flush
+              and host callbacks); without that tree it stops at once, in one line. The old
+              path's recorded figure, 1.54 s a 16-layer step on an H100
+              (bench/results/gpu-h100/probe_fuyou_16L.json), is the one the new step is
+              compared with; the goal is 0.2 s.
+  plain_vs_jaxoff  (plain_vs_jaxoff.json) plain-bf16's largest size under the device cap: a
+              bracket on layers of at most ``--plain-probes`` probes (the pager part's 4 layers
+              count as one verdict more), then fuyou-nvme at that size: tokens/s of both, and
+              their ratio (goal 0.8).
+  gpu_pager, xla_facts, pcie, handlers  (facts.json, one key each) the CUDA pager's calls
+              (a step of page_out of 32 chunks of 16 MiB, a step taking them back, checked
+              bitwise; without a GPU only the lowering), what its design relies on in XLA (a
+              run id per execution, calls in site order in a scan, the host running ahead of
+              the GPU: a debug FFI target built from ffi/src/probe_mark_handler.cc), PCIe
+              through XLA's transfers, and the pager's calls on the device JAX has.
+  capacity    (capacity.json; not in the default parts) fuyou-nvme from 3x plain's largest
+              size upward: the largest that trained, the smallest that failed.
 
 Without a GPU it stops at once (exit 3, ``no GPU: ...``) unless --smoke, which runs every
-section at small sizes on whatever device JAX has, so that tests/test_gpu_probe_script.py
-checks the script on a CPU machine.
+part at small sizes on whatever device JAX has (tests/test_gpu_probe_script.py).
 """
 
 from __future__ import annotations
@@ -55,8 +56,45 @@ NO_GPU_EXIT = 3
 GIB = 1 << 30
 MIB = 1 << 20
 PROBE_SRC = ROOT / "ffi" / "src" / "probe_mark_handler.cc"
-# Dense bf16 peak FLOP/s by device kind (vendor datasheets, SXM parts), for MFU.
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import steps  # noqa: E402  (bench/gpu/steps.py: the step probes' child processes)
+
+PARTS = ["pager", "plain_vs_jaxoff", "gpu_pager", "xla_facts", "pcie", "handlers"]
+EXTRA_PARTS = ["capacity"]
+FACTS = ("gpu_pager", "xla_facts", "pcie", "handlers")  # one file between them: facts.json
+# Each part's own deadline (seconds; the run's deadline cuts them all), and the least it
+# starts with on a GPU (a quarter of that in the smoke run).
+BUDGET_S = {
+    "pager": 200,
+    "plain_vs_jaxoff": 210,
+    "gpu_pager": 45,
+    "xla_facts": 50,
+    "pcie": 20,
+    "handlers": 40,
+    "capacity": 150,
+}
+NEED_S = {
+    "pager": 60,
+    "plain_vs_jaxoff": 60,
+    "gpu_pager": 20,
+    "xla_facts": 25,
+    "pcie": 10,
+    "handlers": 20,
+    "capacity": 60,
+}
+LEGACY_COMMIT = "8abcffe"  # the last commit with the old paging calls
+# The old path's figure the new step is compared with, and the goals of the figures.
+LEGACY_RECORD = {
+    "fuyou_16L_step_s": 1.543,
+    "device": "NVIDIA H100 80GB HBM3",
+    "file": "bench/results/gpu-h100/probe_fuyou_16L.json",
+    "paging": "the old calls (jaxoff_page_prefetch/_take/_out/_in/_flush, host callbacks)",
+}
+GOALS = {
+    "fuyou_16L_step_s": ("<=", 0.2),
+    "gpu_busy_fraction_16L": (">=", 0.5),
+    "tokens_per_s_ratio": (">=", 0.8),
+}
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -81,6 +119,45 @@ def write(out: Path, name: str, rec: dict) -> None:
 # ---- provenance -------------------------------------------------------------------------
 
 
+def source() -> dict:
+    """The commit and whether the tree is that commit's: from git, or, in a copy without .git
+    (a lent machine's), from .whl/source.json (bench/gpu/wheels.sh: the blob id of every
+    tracked file), each file's blob id computed here."""
+    import hashlib
+
+    def git(*args):
+        try:
+            r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20, cwd=ROOT)
+            return r.stdout.strip() if r.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    if commit:
+        return {
+            "commit": commit,
+            "commit_from": "git",
+            "tree_clean": git("status", "--porcelain", "--untracked-files=no") == "",
+        }
+    path = ROOT / ".whl" / "source.json"
+    if not path.exists():
+        return {"commit": None, "commit_from": "no .git, no .whl/source.json (bench/gpu/wheels.sh)"}
+    doc = json.loads(path.read_text())
+    edited = []
+    for name, blob in doc["blobs"].items():
+        f = ROOT / name
+        data = f.read_bytes() if f.is_file() else None
+        sha = None if data is None else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        if sha != blob:
+            edited.append(name)
+    return {
+        "commit": doc["commit"],
+        "commit_from": f".whl/source.json of {doc['written_utc']}",
+        "tree_clean": not edited,
+        "edited": edited[:20],
+    }
+
+
 def provenance() -> dict:
     import importlib.metadata as md
 
@@ -96,29 +173,49 @@ def provenance() -> dict:
 
     dev = jax.devices()[0]
     versions = {}
-    for pkg in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax"):
+    for pkg in (
+        "jax",
+        "jaxlib",
+        "jax-cuda13-plugin",
+        "jax-cuda12-plugin",
+        "flax",
+        "optax",
+        "orbax-checkpoint",
+        "numpy",
+        "jaxoff",
+    ):
         try:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             pass
-    from jaxoff.aio import EngineConfig, backend_status
-
-    return {
-        "commit": run(["git", "rev-parse", "HEAD"]),
-        "tree_clean": run(["git", "status", "--porcelain", "--untracked-files=no"]) == "",
+    rec = {
+        **source(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "argv": sys.argv,
-        "device": dev.device_kind,
-        "platform": dev.platform,
-        "driver": run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-        ),
+        "machine": {
+            "device": dev.device_kind,
+            "platform": dev.platform,
+            "gpu": run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,driver_version,memory.total",
+                    "--format=csv,noheader",
+                ]
+            ),
+            "cpus": os.cpu_count(),
+            "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
+        },
         "python": platform.python_version(),
         "versions": versions,
-        "cpus": os.cpu_count(),
-        "engine_defaults": EngineConfig().as_kwargs(),
-        "io_backend": str(backend_status()),
     }
+    try:  # the legacy tree's jaxoff may lack them
+        from jaxoff.aio import EngineConfig, backend_status
+
+        rec["engine_defaults"] = EngineConfig().as_kwargs()
+        rec["io_backend"] = str(backend_status())
+    except Exception as e:
+        rec["engine_defaults"] = f"{type(e).__name__}: {e}"
+    return rec
 
 
 # ---- pcie -------------------------------------------------------------------------------
@@ -364,8 +461,13 @@ def gpu_pager(a, dev, store: str) -> dict:
     try:
         with jax.default_device(dev):
             knobs = dict(slot_bytes=size, arena_slots=8, ring_slots=4, write_slots=4, io_threads=8)
-            pager = Pager(table, version=0, crcs=[], commit=lambda version, rows: None,
-                          config=PagerConfig(**knobs))  # fmt: skip
+            pager = Pager(
+                table,
+                version=0,
+                crcs=[],
+                commit=lambda version, rows: None,
+                config=PagerConfig(**knobs),
+            )
             if pager.platform != "cuda":
                 raise RuntimeError(f"the pager on {dev} is {pager.platform}'s, not CUDA's")
             rec["pager"] = knobs
@@ -444,12 +546,12 @@ def build_probe_target(out: Path, cuda: bool) -> Path:
     return lib
 
 
-def xla_facts(a, dev, out: Path) -> dict:
+def xla_facts(a, dev) -> dict:
     import jax
     import jax.numpy as jnp
 
     cuda = dev.platform == "gpu"
-    lib = ctypes.CDLL(str(build_probe_target(out, cuda)))
+    lib = ctypes.CDLL(str(build_probe_target(Path(tempfile.mkdtemp()), cuda)))
     lib.jaxoff_probe_handler.restype = ctypes.c_void_p
     capsule = ctypes.pythonapi.PyCapsule_New
     capsule.restype = ctypes.py_object
@@ -520,178 +622,111 @@ def xla_facts(a, dev, out: Path) -> dict:
     return fact
 
 
-# ---- Fuyou and plain probes (each in a child process) --------------------------------------
+# ---- the step parts (bench/gpu/steps.py: a child process a probe) ---------------------------
 
 
-def gpu_busy_s(trace_dir: str) -> float | None:
-    """Seconds in which any GPU stream ran a kernel or a copy, from a jax.profiler trace."""
-    from jax.profiler import ProfileData
-
-    files = list(Path(trace_dir).rglob("*.xplane.pb"))
-    if not files:
-        return None
-    spans = []
-    for plane in ProfileData.from_file(str(files[0])).planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
-        lines = [ln for ln in plane.lines if ln.name.startswith("Stream")] or list(plane.lines)
-        for ln in lines:
-            spans += [(e.start_ns, e.start_ns + e.duration_ns) for e in ln.events]
-    return union_s(spans) if spans else None
+def size(a, mode: str, layers: int, profile: bool = False) -> dict:
+    spec = dict(mode=mode, layers=layers, d_model=1024, seq_len=1024, batch_size=8, steps=10)
+    if a.smoke:
+        spec.update(d_model=64, seq_len=32, batch_size=2, steps=2)
+    return {**spec, "profile": profile, "store_dir": a.store_dir}
 
 
-def union_s(spans: list) -> float:
-    """Seconds covered by the union of ``(start_ns, end_ns)`` spans (streams overlap)."""
-    spans = sorted(spans)
-    busy, (lo, hi) = 0, spans[0]
-    for s, e in spans[1:]:
-        if s > hi:
-            busy, lo, hi = busy + hi - lo, s, e
-        else:
-            hi = max(hi, e)
-    return (busy + hi - lo) / 1e9
-
-
-def child(spec: dict) -> dict:
-    """One capacity.run_probe, traced by jax.profiler when asked; runs in its own process."""
-    import jax
-
-    sys.path.insert(0, str(BENCH))
-    import capacity
-    from _gpu import probe as gpu_probe
-
-    dev = jax.devices()[0]
-    store = gpu_probe.new_store(spec.get("store_dir"))
-    trace_dir = tempfile.mkdtemp(prefix="jaxoff-trace-") if spec.get("profile") else None
-    trace = trace_dir
-    try:
-        with jax.default_device(dev):
-            profile_error = None
-            if trace:
-                try:  # device activity only: no Python or host-thread tracing (overhead)
-                    opts = jax.profiler.ProfileOptions()
-                    opts.python_tracer_level = 0
-                    opts.host_tracer_level = 0
-                    opts.enable_hlo_proto = False
-                    jax.profiler.start_trace(trace, profiler_options=opts)
-                except Exception as e:  # no CUPTI: the probe still runs, without busy time
-                    profile_error, trace = f"{type(e).__name__}: {str(e)[:300]}", None
-            try:
-                rec = capacity.run_probe(
-                    spec["mode"],
-                    spec["layers"],
-                    spec["d_model"],
-                    spec["seq_len"],
-                    spec["batch_size"],
-                    spec["steps"],
-                    store,
-                    slots=1,
-                )
-            finally:
-                if trace:
-                    jax.profiler.stop_trace()
-        rec["profile_error"] = profile_error
-        if trace:
-            busy = gpu_busy_s(trace)
-            steps = sum(rec["step_s"])
-            rec["gpu_busy_s"] = busy
-            rec["gpu_busy_fraction"] = None if busy is None else round(min(1.0, busy / steps), 4)
-        ns = argparse.Namespace(
-            steps=spec["steps"],
-            layers=spec["layers"],
-            seq_len=spec["seq_len"],
-            d_model=spec["d_model"],
-            batch_size=spec["batch_size"],
-        )
-        figs = gpu_probe.step_figures(ns, dev, rec["params"], rec["step_s"], rec["losses"])
-        figs.pop("loss_falling", None)
-        rec.update(figs)
-        peak = PEAK_BF16.get(next((k for k in PEAK_BF16 if k in dev.device_kind), ""), None)
-        rec["mfu"] = round(rec["model_flops_per_s"] / peak, 4) if peak else None
-        # trained: finite, and (from 10 steps, two passes over the same windows) loss falling
-        falling = rec.get("loss_falling", True) if spec["steps"] >= 10 else True
-        rec["ok"] = bool(rec.get("finite", True) and falling)
-    except Exception as e:  # an OOM is a result, not a crash
-        rec = {
-            "ok": False,
-            "error": f"{type(e).__name__}: {str(e)[:400]}",
-            "oom": "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower(),
-        }
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
-        if trace_dir:
-            shutil.rmtree(trace_dir, ignore_errors=True)
-    rec.update({k: spec[k] for k in ("mode", "layers", "d_model")})
-    return rec
-
-
-def spawn(a, clock: Clock, spec: dict, need: float) -> dict:
-    """Runs `child` in a process of its own, killed at the deadline."""
-    if not clock.fits(need):
-        return {
-            **spec,
-            "ok": None,
-            "skipped": f"deadline: {clock.left():.0f} s left, ~{need} s needed",
-        }
-    env = dict(os.environ)
+def probe(a, clock: Clock, spec: dict, need: float, cap_s: float) -> dict:
+    env = {}
     if a.mem_fraction and not a.smoke:
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(a.mem_fraction)
-    spec = {**spec, "store_dir": a.store_dir}
-    try:
-        r = subprocess.run(
-            [sys.executable, __file__, "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            timeout=max(5.0, clock.left() - 5),
-        )
-    except subprocess.TimeoutExpired:
-        return {**spec, "ok": False, "error": "killed at the script's deadline"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode or not lines:
-        return {**spec, "ok": False, "error": f"exit {r.returncode}: {r.stderr[-800:]}"}
-    return json.loads(lines[-1])
-
-
-def size(a, mode: str, layers: int) -> dict:
+    if a.pager == "legacy":
+        spec = {**spec, "tree": str(a.legacy_tree)}
     if a.smoke:
-        return dict(mode=mode, layers=layers, d_model=64, seq_len=32, batch_size=2, steps=2)
-    return dict(mode=mode, layers=layers, d_model=1024, seq_len=1024, batch_size=8, steps=10)
+        need /= 4
+    return steps.spawn(clock, spec, need, cap_s, env)
 
 
-def fuyou(a, clock: Clock) -> dict:
-    layer_sets = [1] if a.smoke else [4, 16]
-    rec = {"plain_bf16": spawn(a, clock, {**size(a, "plain-bf16", layer_sets[0])}, 40)}
-    for n in layer_sets:
-        rec[f"fuyou_{n}L"] = spawn(
-            a, clock, {**size(a, "fuyou-nvme", n), "profile": True}, 40 if n <= 4 else 70
+def pager(a, clock: Clock, found: dict) -> dict:
+    """Fuyou's step at 4 and 16 layers (1 and 2 in the smoke run) with its GPU-busy share,
+    and plain-bf16 at the first size (its step, for the ratio; a fit for the plain bracket)."""
+    small, large = (1, 2) if a.smoke else (4, 16)
+    rec: dict = {"pager": a.pager, "legacy_record": LEGACY_RECORD}
+    if a.pager == "legacy":
+        rec["tree"] = str(a.legacy_tree)
+    for n, need, cap in ((small, 40, 90), (large, 60, 150)):
+        rec[f"fuyou_{n}L"] = probe(a, clock, size(a, "fuyou-nvme", n, profile=True), need, cap)
+    if a.pager == "new":  # plain does not page: its figure is the same under either pager
+        rec[f"plain_bf16_{small}L"] = probe(a, clock, size(a, "plain-bf16", small), 30, 90)
+        found["plain"] = [rec[f"plain_bf16_{small}L"]]
+    f, big = rec[f"fuyou_{small}L"], rec[f"fuyou_{large}L"]
+    p = rec.get(f"plain_bf16_{small}L", {})
+    rec["figures"] = {
+        f"fuyou_{large}L_step_s": big.get("step_s_median") if big.get("ok") else None,
+        f"gpu_busy_fraction_{large}L": big.get("gpu_busy_fraction"),
+        f"fuyou_{small}L_step_s": f.get("step_s_median") if f.get("ok") else None,
+        f"gpu_busy_fraction_{small}L": f.get("gpu_busy_fraction"),
+        "step_ratio_fuyou_over_plain": (
+            round(f["step_s_median"] / p["step_s_median"], 2)
+            if f.get("ok") and p.get("ok")
+            else None
+        ),
+        "speedup_over_legacy_record": (
+            round(LEGACY_RECORD["fuyou_16L_step_s"] / big["step_s_median"], 2)
+            if big.get("ok") and not a.smoke
+            else None
+        ),
+    }
+    found["figures"].update(
+        fuyou_16L_step_s=rec["figures"][f"fuyou_{large}L_step_s"],
+        gpu_busy_fraction_16L=rec["figures"][f"gpu_busy_fraction_{large}L"],
+    )
+    return rec
+
+
+def plain_vs_jaxoff(a, clock: Clock, found: dict) -> dict:
+    """plain-bf16's largest size (layers) under the device cap, by a bracket of at most
+    ``--plain-probes`` probes (a probe killed at its cap counts as failed: it did not train in
+    the time), then fuyou-nvme at that size, profiled: tokens/s of both."""
+    plain = [r for r in found.get("plain", []) if r.get("ok") is not None]  # the pager part's
+    start = 2 if a.smoke else 8
+    probes = 0
+    plain_clock = Clock(clock.left() - 70)  # what the jaxoff probe at the end keeps
+    while probes < a.plain_probes:
+        n = steps.next_size(
+            [r["layers"] for r in plain if r.get("ok")],
+            [r["layers"] for r in plain if r.get("ok") is False],
+            start,
         )
-    p, f = rec["plain_bf16"], rec[f"fuyou_{layer_sets[0]}L"]
-    if p.get("ok") and f.get("ok"):
-        rec["step_ratio_fuyou_over_plain"] = round(f["step_s_median"] / p["step_s_median"], 2)
-    return rec
-
-
-def plain_vs_jaxoff(a, clock: Clock) -> dict:
-    tries = [1] if a.smoke else [8, 12]
-    plain = [spawn(a, clock, size(a, "plain-bf16", n), 35) for n in tries]
-    passed = [r for r in plain if r.get("ok")]
-    rec = {"plain": plain, "plain_largest_layers": passed[-1]["layers"] if passed else None}
-    if passed:
-        n = passed[-1]["layers"]
-        j = spawn(a, clock, {**size(a, "fuyou-nvme", n), "profile": True}, 60)
+        if n is None:
+            break
+        r = probe(a, plain_clock, size(a, "plain-bf16", n), 30, 75)
+        probes += 1
+        if r.get("ok") is None:  # skipped: out of time
+            break
+        plain.append(r)
+    fit = [r for r in plain if r.get("ok")]
+    best = max(fit, key=lambda r: r["layers"]) if fit else None
+    rec: dict = {
+        "plain": plain,
+        "plain_largest_layers": best and best["layers"],
+        "plain_probes_run": probes,
+        "plain_probes_cap": a.plain_probes,
+    }
+    found["plain_largest"] = best and best["layers"]
+    if best:
+        j = probe(a, clock, size(a, "fuyou-nvme", best["layers"], profile=True), 40, 150)
         rec["jaxoff"] = j
+        rec["plain_tokens_per_s"] = best["tokens_per_s"]
+        rec["jaxoff_tokens_per_s"] = j.get("tokens_per_s") if j.get("ok") else None
         if j.get("ok"):
-            rec["tokens_per_s_ratio"] = round(j["tokens_per_s"] / passed[-1]["tokens_per_s"], 3)
+            rec["tokens_per_s_ratio"] = round(j["tokens_per_s"] / best["tokens_per_s"], 3)
+    found["figures"]["tokens_per_s_ratio"] = rec.get("tokens_per_s_ratio")
     return rec
 
 
-def capacity_bracket(a, clock: Clock, plain_largest: int | None) -> dict:
+def capacity(a, clock: Clock, found: dict) -> dict:
+    plain_largest = found.get("plain_largest")
     n = 3 * (plain_largest or (1 if a.smoke else 8))
     probes, lo, hi = [], None, None
     while hi is None and (not a.smoke or not probes):
-        r = spawn(a, clock, size(a, "fuyou-nvme", n), 90)
+        r = probe(a, clock, size(a, "fuyou-nvme", n), 60, 150)
         probes.append(r)
         if r.get("ok") is None:  # skipped: out of time
             break
@@ -711,16 +746,74 @@ def capacity_bracket(a, clock: Clock, plain_largest: int | None) -> dict:
 # ---- driver -------------------------------------------------------------------------------
 
 
+def legacy_problem(tree: Path) -> str | None:
+    """Why ``tree`` is not a checkout of the legacy pager (None when it is one)."""
+    calls = tree / "jaxoff" / "aio" / "_ffi_calls.py"
+    if not calls.is_file() or "def page_prefetch" not in calls.read_text():
+        return (
+            f"--pager legacy needs a checkout of commit {LEGACY_COMMIT} (the old paging calls, "
+            f"deleted since) at {tree}, which has none: make it with `git worktree add "
+            f"{tree} {LEGACY_COMMIT}` and carry it; its recorded figure is 1.54 s a 16-layer "
+            "d_model 1024 Fuyou step on an H100 (bench/results/gpu-h100/probe_fuyou_16L.json)"
+        )
+    return None
+
+
+def verdicts(found: dict, smoke: bool) -> dict:
+    """Each headline figure against its goal (``met`` null without the figure, or in the
+    smoke run, whose sizes are not the goal's)."""
+    out = {}
+    for name, (op, goal) in GOALS.items():
+        v = found["figures"].get(name)
+        met = None if v is None or smoke else (v <= goal if op == "<=" else v >= goal)
+        out[name] = {"value": v, "goal": f"{op} {goal}", "met": met}
+    return out
+
+
+def run_part(name: str, a, dev, store: str, clock: Clock, found: dict) -> dict:
+    if name == "pager":
+        return pager(a, clock, found)
+    if name == "plain_vs_jaxoff":
+        return plain_vs_jaxoff(a, clock, found)
+    if name == "capacity":
+        return capacity(a, clock, found)
+    if name == "pcie":
+        return pcie(a, dev)
+    if name == "handlers":
+        return handlers(a, dev, store)
+    if name == "gpu_pager":
+        return gpu_pager(a, dev, store)
+    if name == "xla_facts":
+        return xla_facts(a, dev)
+    raise ValueError(f"unknown part {name!r}")
+
+
+def part_status(rec: dict) -> str:
+    """ok, or partial when a probe of the part was skipped or killed at its deadline."""
+    text = json.dumps(rec, default=str)
+    if '"skipped": "deadline' in text or '"timeout": true' in text:
+        return "partial: a probe was skipped or killed at its deadline"
+    return "ok"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", help="folder for the JSON records (created)")
-    p.add_argument("--deadline-s", type=float, default=340.0)
+    p.add_argument("--deadline-s", type=float, default=480.0)
     p.add_argument(
         "--smoke",
         "--dry-run",
         action="store_true",
         help="small sizes on whatever device JAX has (a CPU too)",
     )
+    p.add_argument("--pager", choices=("new", "legacy"), default="new")
+    p.add_argument(
+        "--legacy-tree",
+        type=Path,
+        default=ROOT / ".legacy",
+        help=f"a checkout of {LEGACY_COMMIT}, built (--pager legacy)",
+    )
+    p.add_argument("--check", action="store_true", help="check the arguments only, and exit")
     p.add_argument(
         "--store-dir",
         default=None,
@@ -735,22 +828,30 @@ def main(argv=None) -> int:
         "XLA's default)",
     )
     p.add_argument(
+        "--plain-probes",
+        type=int,
+        default=None,
+        help="the plain bracket's most probes (default 3; 1 in the smoke run)",
+    )
+    p.add_argument(
+        "--parts",
         "--sections",
         nargs="*",
-        default=[
-            "pcie",
-            "handlers",
-            "gpu_pager",
-            "xla_facts",
-            "fuyou",
-            "plain_vs_jaxoff",
-            "capacity",
-        ],
+        default=None,
+        choices=PARTS + EXTRA_PARTS,
+        help=f"default: {' '.join(PARTS)}",
     )
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--setup", default=None, help="the session's setup record (JSON)")
     a = p.parse_args(argv)
-    if a.child:
-        print(json.dumps(child(json.loads(a.child)), default=str))
+    if a.pager == "legacy" and (why := legacy_problem(a.legacy_tree)):
+        print(why, file=sys.stderr)
+        return 2
+    a.parts = PARTS if a.parts is None else a.parts
+    if a.pager == "legacy":
+        a.parts = [x for x in a.parts if x == "pager"]  # the rest is the new pager's
+    if a.plain_probes is None:
+        a.plain_probes = 1 if a.smoke else 3
+    if a.check:
         return 0
     if not a.out:
         p.error("give the output folder: python bench/gpu/pager_probe.py OUT")
@@ -788,61 +889,55 @@ def main(argv=None) -> int:
         a.store_dir = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     os.makedirs(a.store_dir, exist_ok=True)
     store = tempfile.mkdtemp(prefix="jaxoff-pager-probe-", dir=a.store_dir)
+    found: dict = {"figures": {}}
     summary = {
-        "provenance": provenance(),
+        **provenance(),
+        "pager": a.pager,
         "smoke": a.smoke,
+        "setup": json.loads(a.setup) if a.setup else None,
         "mem_fraction": a.mem_fraction,
         "store_dir": a.store_dir,
-        "sections": {},
+        "deadline_s": a.deadline_s,
+        "parts": {name: {"status": "not started"} for name in a.parts},
+        "figures": {},
+        "legacy_record": LEGACY_RECORD,
     }
     write(out, "summary", summary)
-    plain_largest = None
-    # seconds each section needs at least (a full GPU run; the smoke run is smaller)
-    need = {
-        "pcie": 20,
-        "handlers": 40,
-        "gpu_pager": 30,
-        "xla_facts": 40,
-        "fuyou": 60,
-        "plain_vs_jaxoff": 60,
-        "capacity": 90,
-    }
-    for name in a.sections:
+    facts: dict = {}
+    for name in a.parts:
         t = time.perf_counter()
-        if not clock.fits(need.get(name, 30) / (4 if a.smoke else 1)):
-            status = f"skipped: deadline ({clock.left():.0f} s left)"
+        budget = min(BUDGET_S[name], clock.left())
+        part_clock = Clock(budget)
+        file = "facts" if name in FACTS else name
+        entry = summary["parts"][name]
+        entry.update(file=f"{file}.json", budget_s=round(budget, 1))
+        if clock.left() < NEED_S[name] / (4 if a.smoke else 1):
+            entry["status"] = f"skipped: deadline ({clock.left():.0f} s left)"
         else:
+            entry["status"] = "running (a run killed here was stopped at its deadline)"
+            write(out, "summary", summary)
             try:
-                if name == "pcie":
-                    rec = pcie(a, dev)
-                elif name == "handlers":
-                    rec = handlers(a, dev, store)
-                elif name == "gpu_pager":
-                    rec = gpu_pager(a, dev, store)
-                elif name == "xla_facts":
-                    rec = xla_facts(a, dev, out)
-                elif name == "fuyou":
-                    rec = fuyou(a, clock)
-                elif name == "plain_vs_jaxoff":
-                    rec = plain_vs_jaxoff(a, clock)
-                    plain_largest = rec["plain_largest_layers"]
-                elif name == "capacity":
-                    rec = capacity_bracket(a, clock, plain_largest)
-                else:
-                    raise ValueError(f"unknown section {name!r}")
-                status = "ok"
-            except Exception as e:  # a section's failure is a result; the next one runs
+                rec = run_part(name, a, dev, store, part_clock, found)
+                status = part_status(rec)
+            except Exception as e:  # a part's failure is a result; the next one runs
                 rec, status = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}, "failed"
-            rec["section_s"] = round(time.perf_counter() - t, 2)
-            write(out, name, rec)
-        summary["sections"][name] = status
+            rec["part_s"] = round(time.perf_counter() - t, 2)
+            if file == "facts":
+                facts[name] = rec
+                write(out, "facts", facts)
+            else:
+                write(out, file, rec)
+            entry["status"] = status
+        entry["seconds"] = round(time.perf_counter() - t, 1)
+        summary["figures"] = verdicts(found, a.smoke)
         summary["left_s"] = round(clock.left(), 1)
         write(out, "summary", summary)
         print(
-            f"{name}: {status} ({time.perf_counter() - t:.1f} s, {clock.left():.0f} s left)",
+            f"{name}: {entry['status']} ({entry['seconds']} s, {clock.left():.0f} s left)",
             flush=True,
         )
     shutil.rmtree(store, ignore_errors=True)
+    print("figures: " + json.dumps(summary["figures"]), flush=True)
     return 0
 
 
