@@ -19,6 +19,14 @@ that means to change the numbers records them again, and says why in its commit:
 
     python tests/test_bitwise_fixtures.py --record
 
+XLA:CPU compiles for the host's instruction set: the vector width and whether FMA is used
+decide the bits (on an Intel Xeon with AVX-512, ``paged-tiny`` ends with one digest under
+caps of AVX-512, AVX2 or none, another under AVX, a third under SSE4.2), and digests
+recorded on one CPU failed on an AMD EPYC. Each run is therefore made in a process of its
+own with XLA's instruction set capped at SSE4.2 (``--xla_cpu_max_isa=SSE4_2``: 128-bit
+vectors, no FMA, which every x86-64 machine the suite runs on has), recorded and compared
+alike; the file names the machine that recorded it.
+
 The runs: the plain paged step (``--store``), the sharded paged step (``--fsdp 2 --store``,
 two of the 4 fake CPU devices of ``conftest.py``), Fuyou (``--fuyou``, and with
 ``--page-params``), on ``tiny`` and ``llama-tiny``; and a resumed run of each of the plain
@@ -135,6 +143,37 @@ def _summary(cfg, losses: list[float]) -> dict:
     return record
 
 
+ISA = "SSE4_2"  # the instruction set XLA compiles the runs for (see the module docstring)
+
+
+def run_pinned(root: Path, name: str) -> dict:
+    """`run_one` in a child process with XLA's instruction set capped at `ISA` (and the 4
+    fake CPU devices of ``conftest.py``)."""
+    import subprocess
+
+    from _limits import HANG_S
+
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        flags += " --xla_force_host_platform_device_count=4"
+    env["XLA_FLAGS"] = f"{flags} --xla_cpu_max_isa={ISA}".strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, __file__, "--one", name, str(root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=HANG_S,
+    )
+    last = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
+    if not last or not last[0].startswith("{"):
+        raise AssertionError(
+            f"fixture run {name} failed (exit {proc.returncode}): {proc.stderr[-3000:]}"
+        )
+    return json.loads(last[0])
+
+
 def run_one(root: Path, name: str) -> dict:
     """Trains fixture run ``name`` under ``root``; its digests."""
     from jaxoff.train import train
@@ -154,7 +193,7 @@ def run_one(root: Path, name: str) -> dict:
 def test_bitwise_fixture(tmp_path, name):
     """The run ends with the recorded parameters, optimizer state and page files."""
     expected = json.loads(FIXTURES.read_text())["runs"][name]
-    got = run_one(tmp_path, name)
+    got = run_pinned(tmp_path, name)
     differ = {k: (v, got[k]) for k, v in expected.items() if got[k] != v}
     assert not differ, (
         f"run {name} no longer ends bit for bit as recorded ((expected, got) per digest); if "
@@ -192,13 +231,14 @@ def _record() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in [*RUNS, *RESUMED]:
             t = time.perf_counter()
-            runs[name] = run_one(Path(tmp), name)
+            runs[name] = run_pinned(Path(tmp), name)
             print(f"{name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
     FIXTURES.parent.mkdir(exist_ok=True)
     doc = {
         "how": "python tests/test_bitwise_fixtures.py --record (see its docstring)",
         "jax": jax.__version__,
         "machine": _machine(),
+        "xla_cpu_max_isa": ISA,
         "runs": runs,
     }
     FIXTURES.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -206,10 +246,11 @@ def _record() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--record"]:
-        sys.exit("usage: python tests/test_bitwise_fixtures.py --record")
-    # the environment of tests/conftest.py: 4 fake CPU devices
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    _record()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if sys.argv[1:2] == ["--one"] and len(sys.argv) == 4:  # a child of `run_pinned`
+        print(json.dumps(run_one(Path(sys.argv[3]), sys.argv[2])))
+    elif sys.argv[1:] == ["--record"]:
+        _record()
+    else:
+        sys.exit("usage: python tests/test_bitwise_fixtures.py --record")

@@ -286,16 +286,29 @@ def wait_for_steps() -> None:
     (every program with side effects, as every paged step is, whether or not its outputs are
     still held) and every live JAX array. A failed step's error stays that step's: here it is
     ignored."""
-    try:
-        jax.effects_barrier()
-    except Exception:  # noqa: BLE001, S110 - reported where the step's outputs are used
-        pass
+    drain_runtime_tokens()
     for x in jax.live_arrays():
         if not x.is_deleted():
             try:
                 x.block_until_ready()
             except Exception:  # noqa: BLE001, S110 - reported where the step's outputs are used
                 pass
+
+
+def drain_runtime_tokens() -> None:
+    """Waits for JAX's effects barrier; where a step failed, forgets the runtime tokens that
+    carry its error. The error was raised where the step's outputs were used (or will be, from
+    them); kept in the tokens, it would be raised again by every later barrier, JAX's exit
+    handlers' included, as tracebacks after the one line that said what happened."""
+    try:
+        jax.effects_barrier()
+    except Exception:  # noqa: BLE001 - reported where the step's outputs are used
+        try:
+            from jax._src import dispatch
+
+            dispatch.runtime_tokens.clear()
+        except Exception:  # noqa: BLE001, S110 - another JAX: its exit may still say it
+            pass
 
 
 @atexit.register
@@ -308,6 +321,8 @@ def _close_at_exit() -> None:
         pagers = list(_open)
     if pagers:
         wait_for_steps()
+    else:
+        drain_runtime_tokens()
     for pager in pagers:
         try:
             pager.close()
