@@ -47,6 +47,12 @@ def _train() -> Command:
     return Command(flat_options_type(), run, HELP["train"], load_config_file)
 
 
+def _export() -> Command:
+    from .train._export import ExportConfig, export_run
+
+    return Command(ExportConfig, export_run, HELP["export"])
+
+
 def _compare() -> Command:
     from .compare import CompareConfig, compare
 
@@ -74,6 +80,7 @@ def _launch() -> Command:
 # name -> factory (imports stay lazy so `jaxoff --help` is fast)
 COMMANDS: dict[str, Callable[[], Command]] = {
     "train": _train,
+    "export": _export,
     "compare": _compare,
     "io-bench": _io_bench,
     "plan": _plan,
@@ -84,6 +91,7 @@ COMMANDS: dict[str, Callable[[], Command]] = {
 # name -> one line of help, known without importing the command (so `jaxoff --help` is fast)
 HELP: dict[str, str] = {
     "train": "train a model (a size name or your own) on a byte-level or tokenized corpus",
+    "export": "write a run's checkpoint as a Hugging Face folder (e.g. a run of --init-from)",
     "compare": "compare remat/offload policies or strategies: memory, host bytes, FLOPs, time",
     "io-bench": "measure the async I/O engine (and fio); --tune picks knobs",
     "plan": "choose remat/offload/placement under memory budgets",

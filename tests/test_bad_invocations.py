@@ -225,6 +225,13 @@ CASES = [
         + ["--batch", "2", "--seq", "16"],
         ["no plan", "fits", "Raise --device-mem"],
     ),
+    (["train", "--init-from", "no_dir"], ["no_dir/config.json does not exist"]),
+    # export
+    (["export"], ["needs --run RUN_DIR and --out HF_DIR"]),
+    (["export", "--run", "empty", "--out", "hf"], ["--run empty holds no jaxoff run"]),
+    (["export", "--run", "run", "--out", "hf"], ["has no complete checkpoint yet"]),
+    (["export", "--run", "run", "--out", "mine"], ["--out mine exists and is not an empty"]),
+    (["export", "--run", "run", "--out", "hf", "--dtype", "float16"], ["'float16'", "choice"]),
     # io-bench
     (["io-bench", "--dir", "no_dir"], ["--dir no_dir: no such directory"]),
     (["io-bench", "--dir", "a_file"], ["--dir a_file is a file, not a directory"]),

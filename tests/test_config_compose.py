@@ -22,7 +22,9 @@ from jaxoff.train._options import (
 
 # three configs, and ``json.dumps(cfg.to_json(), indent=2, sort_keys=True)`` of each as the
 # flat TrainConfig wrote it (config.json's bytes: a run resumes only when they match), with
-# ``paged_checkpoint`` and ``host_mem`` added since (options that may change on --resume)
+# ``paged_checkpoint`` and ``host_mem`` added since (options that may change on --resume) and
+# ``init_from`` (null in a run that has none: such a run's older config.json, without the
+# key, still resumes, as a missing key reads as None)
 CONFIGS = {
     "default": {},
     "tiny": dict(
@@ -87,6 +89,7 @@ EXPECTED_JSON = {
             "fsdp": 1,
             "fuyou": False,
             "fuyou_read_ahead_mib": None,
+            "init_from": None,
             "keep_checkpoints": 2,
             "lr": 0.003,
             "model": "mini",
@@ -136,6 +139,7 @@ EXPECTED_JSON = {
             "fsdp": 1,
             "fuyou": False,
             "fuyou_read_ahead_mib": None,
+            "init_from": None,
             "keep_checkpoints": 2,
             "lr": 0.001,
             "model": "tiny",
@@ -185,6 +189,7 @@ EXPECTED_JSON = {
             "fsdp": 1,
             "fuyou": True,
             "fuyou_read_ahead_mib": 4,
+            "init_from": None,
             "keep_checkpoints": 3,
             "lr": 0.003,
             "model": "llama-tiny",
@@ -225,6 +230,7 @@ EXPECTED_JSON = {
 # the keys of to_json() in order (the flat dataclass's field order, then processes)
 ORDER = [
     "model",
+    "init_from",
     "policy",
     "positions",
     "dtype",
@@ -274,6 +280,8 @@ ORDER = [
 ARGV = [
     "--model",
     "llama-tiny",
+    "--init-from",
+    "/tmp/cc/SmolLM2-135M",
     "--policy",
     "full",
     "--positions",
@@ -364,9 +372,10 @@ ARGV_JSON = json.dumps(
         "fsdp": 1,
         "fuyou": True,
         "fuyou_read_ahead_mib": 3,
+        "init_from": "/tmp/cc/SmolLM2-135M",
         "keep_checkpoints": 3,
         "lr": 0.002,
-        "model": "llama-tiny",
+        "model": "hf:SmolLM2-135M",  # the checkpoint's (validation refuses another --model)
         "optimizer": "lion",
         "out_dir": "/tmp/cc/run",
         "overwrite": True,
@@ -415,7 +424,7 @@ def test_groups_are_frozen_and_disjoint():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model_options = ModelOptions()  # type: ignore[misc]
     names = [f.name for g in GROUP_TYPES for f in dataclasses.fields(g)]
-    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 42
+    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 43
     assert sorted(names) == sorted(FLAT_NAMES) == sorted(GROUP_OF)
     assert FLAT_NAMES == tuple(ORDER[:-1]) and ORDER[-1] == "processes"
     # each flat name reads its group's option, in FLAT_NAMES order

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 # example -> the test file that runs it
 RUN_BY = {
+    "finetune_pretrained.py": "test_examples_all.py",
     "fuyou_nvme.py": "test_examples_fuyou.py",
     "layer_streaming.py": "test_examples_all.py",
     "linen_gpt2.py": "test_examples_linen.py",
@@ -73,3 +74,10 @@ def test_layer_streaming_matches_the_device_run_bit_for_bit(capsys):
         assert run["copies_in_loops"].get("device", 0) > 0 and not run["problems"], (name, run)
     assert "host_params_stream2: loss" in capsys.readouterr().out
     assert jax.default_backend() == "cpu"  # the cuda export above was made on a CPU machine
+
+
+def test_finetune_pretrained_trains_a_fixture_and_exports_it(tmp_path, capsys):
+    losses, exported = _example("finetune_pretrained.py").main(out_dir=tmp_path, steps=2)
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    assert (exported / "config.json").is_file() and (exported / "model.safetensors").is_file()
+    assert "from " + str(exported) in capsys.readouterr().out

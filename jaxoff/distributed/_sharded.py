@@ -117,19 +117,24 @@ class ShardedParams:
         )
 
 
-def init_sharded(model_cfg, tx, seed: int, mesh, init_opt: bool = True, placement=None):
+def init_sharded(
+    model_cfg, tx, seed: int, mesh, init_opt: bool = True, placement=None, initializer=None
+):
     """``(graphdef, TrainState, shardings)``: the model built from ``seed`` (the same in
     every process), its parameters as global arrays FSDP-sharded on ``mesh``, and ``tx``'s
     state of this process's blocks (``tx.init`` pages them into its store; ``None`` without
     ``init_opt``, for a restore that writes the store from a checkpoint). ``placement``:
-    where the parameters live (their memory kind)."""
+    where the parameters live (their memory kind); ``initializer``: where they come from (a
+    ``jaxoff.step.Initializer``; default: the random init from ``seed``)."""
     from flax import nnx
 
     from ..placement import get_placement
     from ..placement._shardings import tree_shardings
 
     placement = get_placement(placement)
-    model = model_cfg.build(nnx.Rngs(seed))
+    from ..step._init import RandomInit
+
+    model = (initializer or RandomInit(seed)).model(model_cfg)
     graphdef, params = nnx.split(model, nnx.Param)
     shardings = tree_shardings(params, placement.memory_kind(placement.params), mesh)
     params = jax.tree.map(from_host, params, shardings)

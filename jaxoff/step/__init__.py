@@ -9,6 +9,8 @@ process) or Fuyou's (``jaxoff.strategies``); ``jaxoff.strategies.build_step`` pi
 ``TrainConfig``.
 """
 
+from ._init import Initializer as Initializer
+from ._init import RandomInit as RandomInit
 from ._plain import PlainStep as PlainStep
 from ._plain import abstract_state as abstract_state
 from ._plain import check_placement_export as check_placement_export
@@ -31,7 +33,9 @@ __all__ = [
     "CheckpointReader",
     "CheckpointWriter",
     "FallBack",
+    "Initializer",
     "PlainStep",
+    "RandomInit",
     "ShardedPagedStep",
     "Step",
     "TrainState",

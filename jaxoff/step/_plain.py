@@ -128,10 +128,14 @@ def new_state(step, params, opt_state, rest=None):
     return TrainStateWithRest(step, params, opt_state, rest)
 
 
-def init_state(model_cfg, tx: optax.GradientTransformation, seed: int):
+def init_state(model_cfg, tx: optax.GradientTransformation, seed: int, initializer=None):
     """Builds the model and its optimizer state; returns ``(graphdef, TrainState)`` (a
-    :class:`TrainStateWithRest` for a model with state besides ``nnx.Param``)."""
-    model = model_cfg.build(nnx.Rngs(seed))
+    :class:`TrainStateWithRest` for a model with state besides ``nnx.Param``).
+    ``initializer``: where the parameters come from (a :class:`jaxoff.step.Initializer`;
+    default: the random init from ``seed``)."""
+    from ._init import RandomInit
+
+    model = (initializer or RandomInit(seed)).model(model_cfg)
     graphdef, params, rest = split_model(model)
     state = new_state(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
     return graphdef, state
@@ -216,7 +220,9 @@ class PlainStep(_OptaxStep):
     """`make_train_step` as a :class:`jaxoff.step.Step`: one device or an FSDP ``mesh`` (the
     optimizer state sharded with the parameters), the state placed by ``placement``, the
     optimizer paged or not (``tx`` from ``jaxoff.paged``: its state is checkpointed by
-    ``save_paged``, the rest by orbax).
+    ``save_paged``, the rest by orbax). A new state's parameters come from ``initializer``
+    (a :class:`jaxoff.step.Initializer`, e.g. a pretrained checkpoint; default: the random
+    init from ``seed``).
 
     Example:
         >>> import optax
@@ -228,11 +234,18 @@ class PlainStep(_OptaxStep):
     """
 
     def __init__(
-        self, model_cfg, tx: optax.GradientTransformation, placement=None, mesh=None, seed: int = 0
+        self,
+        model_cfg,
+        tx: optax.GradientTransformation,
+        placement=None,
+        mesh=None,
+        seed: int = 0,
+        initializer=None,
     ):
         from ..placement import get_placement
 
         self.model_cfg, self.tx, self.mesh, self.seed = model_cfg, tx, mesh, seed
+        self.initializer = initializer  # None: the random init from seed
         self.placement = get_placement(placement)
         self.graphdef: Any = None  # set by init() or restore()
         self._step: Any = None  # set by compile()
@@ -246,7 +259,7 @@ class PlainStep(_OptaxStep):
         return isinstance(self.tx, PagedTransformation)
 
     def init(self) -> Any:  # a TrainState, or a TrainStateWithRest
-        self.graphdef, state = init_state(self.model_cfg, self.tx, self.seed)
+        self.graphdef, state = init_state(self.model_cfg, self.tx, self.seed, self.initializer)
         return state
 
     def restore(self, reader, step: int, fall_back):

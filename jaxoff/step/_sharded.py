@@ -39,12 +39,13 @@ class ShardedPagedStep(_OptaxStep):
     rest. The model is built from ``seed``, the same in every process.
     """
 
-    def __init__(self, model_cfg, pre, tx, mesh, placement=None, seed: int = 0):
+    def __init__(self, model_cfg, pre, tx, mesh, placement=None, seed: int = 0, initializer=None):
         from ..nn import check_model
 
         check_model(model_cfg, needs=["sharded"])  # nnx.Param state only: one line if not
         self.model_cfg, self.pre, self.tx, self.mesh = model_cfg, pre, tx, mesh
         self.placement, self.seed = placement, seed
+        self.initializer = initializer  # a new state's parameters (None: random from seed)
         self.graphdef: Any = None  # set by init() or restore()
         self.layout = None  # a jaxoff.distributed.ShardedParams, at the first step
         self.split: dict[str, float] = {}
@@ -62,6 +63,8 @@ class ShardedPagedStep(_OptaxStep):
             self.mesh,
             init_opt=init_opt,
             placement=self.placement,
+            # a restore overwrites the parameters: the random init is enough there
+            initializer=self.initializer if init_opt else None,
         )
         self._build(shardings)
         return state

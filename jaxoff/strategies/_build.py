@@ -169,7 +169,14 @@ def _plain_step(cfg):
     from ..step import PlainStep
 
     model_cfg, placement, mesh = _trained_model(cfg)
-    return PlainStep(model_cfg, cfg.build_optimizer(), placement, mesh, seed=cfg.seed)
+    return PlainStep(
+        model_cfg,
+        cfg.build_optimizer(),
+        placement,
+        mesh,
+        seed=cfg.seed,
+        initializer=cfg.initializer(),
+    )
 
 
 def _sharded_step(cfg):
@@ -177,7 +184,9 @@ def _sharded_step(cfg):
 
     model_cfg, placement, mesh = _trained_model(cfg)
     pre, tx = cfg.build_optimizer_parts()  # the clipping sees the global gradients
-    return ShardedPagedStep(model_cfg, pre, tx, mesh, placement, seed=cfg.seed)
+    return ShardedPagedStep(
+        model_cfg, pre, tx, mesh, placement, seed=cfg.seed, initializer=cfg.initializer()
+    )
 
 
 def _fuyou_step(cfg):
@@ -191,6 +200,7 @@ def _fuyou_step(cfg):
         seed=cfg.seed,
         page_params=cfg.page_params,
         read_ahead_bytes=cfg.fuyou_read_ahead_bytes(),
+        initializer=cfg.initializer(),
     )
 
 

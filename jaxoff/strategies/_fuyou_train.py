@@ -34,7 +34,10 @@ class FuyouStep:
 
     ``tx``: the paged optimizer (``jaxoff.paged``); ``page_params``: the stacked block
     parameters live in the store too (ZeRO-Infinity's parameter offload); ``read_ahead_bytes``:
-    optimizer state read ahead of each layer's update (None: Fuyou's default).
+    optimizer state read ahead of each layer's update (None: Fuyou's default);
+    ``initializer``: where a new state's parameters come from (a
+    :class:`jaxoff.step.Initializer`, e.g. a pretrained checkpoint read layer by layer;
+    default: the random init from ``seed``).
 
     ``blocks_as_bits`` (set from the model, see `bits_apply`): the state holds the stacked
     block leaves as their bits and the step updates them in place.
@@ -49,10 +52,13 @@ class FuyouStep:
         seed: int = 0,
         page_params: bool = False,
         read_ahead_bytes: int | None = None,
+        initializer=None,
     ):
         from ..placement import get_placement
+        from ..step import RandomInit
 
         self.model_cfg, self.tx, self.seed = model_cfg, tx, seed
+        self.initializer = initializer or RandomInit(seed)
         self.placement = get_placement(placement)
         self.page_params, self.read_ahead_bytes = page_params, read_ahead_bytes
         self.blocks_as_bits = bits_apply(model_cfg, page_params)
@@ -63,29 +69,30 @@ class FuyouStep:
     def init(self) -> TrainState:
         """A new state: the optimizer state (and with ``page_params`` the block parameters)
         written to the store."""
+        import contextlib
+
         from flax import nnx
 
-        from ..nn import layerwise_params
         from .fuyou import fuyou_init, fuyou_resident
 
-        def build():
-            return self.model_cfg.build(nnx.Rngs(self.seed))
-
-        if self.page_params or self.blocks_as_bits:
-            # the blocks made one layer at a time, straight into the store (or into their
-            # bits): a model larger than memory is never whole in it
-            self.graphdef, params = layerwise_params(build)
-        else:
-            self.graphdef, params = nnx.split(build(), nnx.Param)
-        if self.blocks_as_bits:
-            params = _map_blocks(params, _IntoBits)  # filled as fuyou_init reads the layers
-        opt = fuyou_init(
-            self.model_cfg,
-            self.tx,
-            params,
-            page_params=self.page_params,
-            read_ahead_bytes=self.read_ahead_bytes,
-        )
+        with contextlib.ExitStack() as stack:
+            if self.page_params or self.blocks_as_bits:
+                # the blocks made (or read) one layer at a time, straight into the store (or
+                # into their bits): a model larger than memory is never whole in it
+                made = stack.enter_context(self.initializer.layerwise(self.model_cfg))
+                self.graphdef, params = made
+            else:
+                model = self.initializer.model(self.model_cfg)
+                self.graphdef, params = nnx.split(model, nnx.Param)
+            if self.blocks_as_bits:
+                params = _map_blocks(params, _IntoBits)  # filled as fuyou_init reads the layers
+            opt = fuyou_init(
+                self.model_cfg,
+                self.tx,
+                params,
+                page_params=self.page_params,
+                read_ahead_bytes=self.read_ahead_bytes,
+            )
         if self.page_params:
             params = fuyou_resident(params)  # the blocks now live in the store only
         if self.blocks_as_bits:

@@ -14,6 +14,8 @@ from ._data import Batches as Batches
 from ._data import load_corpus as load_corpus
 from ._data import load_tokens as load_tokens
 from ._data import split as split
+from ._export import ExportConfig as ExportConfig
+from ._export import export_run as export_run
 from ._loop import TrainResult as TrainResult
 from ._loop import train as train
 from ._metrics import read_metrics as read_metrics
@@ -27,6 +29,7 @@ from ._options import StrategyOptions as StrategyOptions
 __all__ = [
     "Batches",
     "DataOptions",
+    "ExportConfig",
     "ModelOptions",
     "OptimOptions",
     "RunOptions",
@@ -36,6 +39,7 @@ __all__ = [
     "TrainResult",
     "TrainState",
     "abstract_state",
+    "export_run",
     "init_state",
     "load_config_file",
     "load_corpus",

@@ -17,6 +17,7 @@ from ..nn._protocol import model_name
 from ._config_file import load_config_file as load_config_file  # its old home
 from ._optimizers import build_optimizer_parts, schedule
 from ._options import (
+    DEFAULT_MODEL,
     FLAT_NAMES,
     GROUP_OF,
     GROUPS,
@@ -56,7 +57,7 @@ class TrainConfig:
     command-line option.
 
     The groups (``jaxoff.train._options``) are :class:`ModelOptions` (``model_options``:
-    model, policy, positions, dtype, param_dtype, plan), :class:`DataOptions`
+    model, init_from, policy, positions, dtype, param_dtype, plan), :class:`DataOptions`
     (``data_options``: the corpus and the batch shape), :class:`OptimOptions`
     (``optim_options``: the optimizer, its schedule and steps), :class:`RunOptions`
     (``run_options``: out_dir, checkpoints, evaluation, resumption, seed),
@@ -119,6 +120,7 @@ class TrainConfig:
 
     # the options by their flat names, in FLAT_NAMES order (the command line's)
     model = _Flat(lambda c: c.model_options.model)
+    init_from = _Flat(lambda c: c.model_options.init_from)
     policy = _Flat(lambda c: c.model_options.policy)
     positions = _Flat(lambda c: c.model_options.positions)
     dtype = _Flat(lambda c: c.model_options.dtype)
@@ -167,7 +169,10 @@ class TrainConfig:
         return {name: getattr(self, name) for name in FLAT_NAMES}
 
     def validate(self) -> TrainConfig:
-        """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
+        """Checks every value; raises :class:`ConfigError` naming the option and the fix
+        (``PretrainedError`` for an ``--init-from`` folder that cannot be read)."""
+        if self.init_from is not None:
+            self = self._with_init_from()  # noqa: PLW0642 (its folder, checked; its tokenizer)
         if self.plan is not None:
             from ..plan._planfile import apply_plan
 
@@ -194,6 +199,12 @@ class TrainConfig:
             raise ConfigError("--lr must be positive")
         if not 0 < self.val_fraction < 0.5:
             raise ConfigError(f"--val-fraction must be in (0, 0.5), got {self.val_fraction}")
+        if self.seq_len > model.max_seq_len and self.init_from is not None:
+            raise ConfigError(
+                f"--seq-len {self.seq_len} exceeds the {model.max_seq_len} positions of "
+                f"--init-from {self.init_from} (its config.json's maximum): the checkpoint has "
+                f"learned no later position; use --seq-len {model.max_seq_len} or less"
+            )
         if self.seq_len > model.max_seq_len:
             raise ConfigError(
                 f"--seq-len {self.seq_len} exceeds model {model_name(model)}'s max_seq_len "
@@ -313,6 +324,51 @@ class TrainConfig:
 
         check_model(model)  # a protocol model with stacked blocks, one block per layer step
 
+    def _with_init_from(self) -> TrainConfig:
+        """``--init-from``: refuses a contradiction and a folder that cannot be read (every
+        tensor checked, nothing loaded); returns the config with the folder's absolute path
+        (config.json records where the run started) and its ``tokenizer.json`` as
+        ``--tokenizer`` of a text ``--data`` when none is given."""
+        from ._data import TOKEN_FILE_SUFFIXES
+
+        folder = Path(self.init_from).expanduser().absolute()  # pyright: ignore[reportArgumentType]
+        if not isinstance(self.model, str) or self.model not in (DEFAULT_MODEL, _hf_name(folder)):
+            raise ConfigError(
+                f"--model {self.model if isinstance(self.model, str) else model_name(self.model)}"
+                f" and --init-from {self.init_from} both name the "
+                f"model: the model is the checkpoint's; leave out --model"
+            )
+        if self.positions is not None:
+            raise ConfigError(
+                f"--positions {self.positions}: the positions of --init-from {self.init_from} "
+                f"are the checkpoint's; leave --positions out"
+            )
+        if self.plan is not None:
+            raise ConfigError(
+                f"--plan {self.plan} and --init-from: a plan is made for a named --model; pass "
+                f"its --policy instead"
+            )
+        from jaxoff.models.hf import open_pretrained  # pyright: ignore[reportMissingImports]
+
+        open_pretrained(folder).close()  # PretrainedError naming the file and the fix
+        self = dataclasses.replace(self, init_from=folder)  # noqa: PLW0642
+        data = self.data
+        is_text = data is None or Path(data).suffix not in TOKEN_FILE_SUFFIXES
+        if self.tokenizer is None and is_text and (folder / "tokenizer.json").is_file():
+            self = dataclasses.replace(self, tokenizer=folder / "tokenizer.json")  # noqa: PLW0642
+        return self
+
+    def initializer(self):
+        """Where a new run's parameters come from (a :class:`jaxoff.step.Initializer`): the
+        ``--init-from`` checkpoint, else the random init from ``--seed``."""
+        if self.init_from is None:
+            from ..step import RandomInit
+
+            return RandomInit(self.seed)
+        from jaxoff.models.hf import PretrainedInit  # pyright: ignore[reportMissingImports]
+
+        return PretrainedInit(Path(self.init_from))
+
     def fuyou_read_ahead_bytes(self) -> int | None:
         """``--fuyou-read-ahead-mib`` in bytes (None: Fuyou's default)."""
         mib = self.fuyou_read_ahead_mib
@@ -324,7 +380,13 @@ class TrainConfig:
         from ..nn import load_model
         from ..policy import apply_policy
 
-        base = load_model(self.model)
+        if self.init_from is not None:
+            from jaxoff.models.hf import pretrained_config  # pyright: ignore[reportMissingImports]
+
+            folder = Path(self.init_from).expanduser().absolute()
+            base = pretrained_config(folder, name=_hf_name(folder))
+        else:
+            base = load_model(self.model)
         fields = {f.name for f in dataclasses.fields(base)}
         over = {}
         for name in ("positions", "dtype", "param_dtype"):
@@ -344,7 +406,10 @@ class TrainConfig:
         return apply_policy(base, self.policy)
 
     def model_label(self) -> str:
-        """The model's name as written in records (``config.json``, tables)."""
+        """The model's name as written in records (``config.json``, tables): with
+        ``--init-from``, ``hf:<folder name>``."""
+        if self.init_from is not None:
+            return _hf_name(Path(self.init_from))
         return self.model if isinstance(self.model, str) else model_name(self.model)
 
     def store_dir(self) -> Path | None:
@@ -466,6 +531,11 @@ RESUMABLE_CHANGES = frozenset(
         "compile_cache",  # where compiled programs are kept, not what they compute
     }
 )
+
+
+def _hf_name(folder: Path) -> str:
+    """The model name of an ``--init-from`` folder (as ``jaxoff.models.hf`` names it)."""
+    return f"hf:{Path(folder).expanduser().absolute().name}"
 
 
 def _opt(field: str) -> str:

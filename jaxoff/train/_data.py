@@ -210,6 +210,13 @@ def check_vocab(vocab_size: int, model_vocab: int, model: str = "the model") -> 
         >>> from jaxoff.train._data import check_vocab
         >>> check_vocab(256, 256)
     """
+    if vocab_size > model_vocab and " hf:" in f" {model}":  # a pretrained --init-from model
+        raise ConfigError(
+            f"the data has token ids up to {vocab_size - 1} (vocabulary {vocab_size}) but "
+            f"{model} has vocab_size {model_vocab}: the checkpoint's embedding is fixed; use "
+            f"data tokenized by its tokenizer (a text --data with its tokenizer.json as "
+            f"--tokenizer, or a token file of its ids)"
+        )
     if vocab_size > model_vocab:
         raise ConfigError(
             f"the data has token ids up to {vocab_size - 1} (vocabulary {vocab_size}) but "

@@ -19,6 +19,7 @@ from .._errors import ConfigError
 Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
 Strategy = Literal["plain", "fuyou"]
 PagedCheckpoint = Literal["copy", "store"]
+DEFAULT_MODEL = "mini"  # --model when not given (--init-from then names the model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,14 +40,22 @@ class ModelOptions:
         param_dtype: parameter dtype (float32 or bfloat16); default: the model's own.
         plan: a plan file from ``jaxoff plan``: its remat/offload policy replaces --policy
             (the plan must be for this model and batch shape).
+        init_from: a Hugging Face checkpoint folder (config.json, *.safetensors; Llama,
+            Mistral, Qwen2, Qwen3 or GPT-2): the model is the folder's (leave --model out)
+            and its parameters start from the checkpoint's instead of a random init; with
+            --strategy fuyou --page-params the blocks are read into the page store one layer
+            at a time. Its tokenizer.json encodes a text --data when --tokenizer is not given.
+            A --resume continues from the run's checkpoint (pass the same --init-from).
+            See ``docs/guide/pretrained.md``.
     """
 
-    model: str = "mini"
+    model: str = DEFAULT_MODEL
     policy: str = "none"
     positions: Literal["learned", "rotary"] | None = None
     dtype: str | None = None
     param_dtype: str | None = None
     plan: Path | None = None
+    init_from: Path | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +257,7 @@ GROUP_OF: dict[str, str] = {
 
 FLAT_NAMES: tuple[str, ...] = (
     "model",
+    "init_from",
     "policy",
     "positions",
     "dtype",

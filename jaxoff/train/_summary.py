@@ -122,10 +122,16 @@ def summary_lines(cfg, records: list[dict], run_records: list[dict], plot: Path 
         )
     viewer = "" if importlib.util.find_spec("tensorboard") else "  (pip install tensorboard)"
     lines.append(f"next: tensorboard --logdir {out / TB_DIR}{viewer}")
-    lines.append(
-        f"      jaxoff compare --model {cfg.model_label()}   (memory and time of the "
-        f"remat/offload policies)"
-    )
+    if cfg.init_from is not None:  # the way back to the checkpoint's own format
+        lines.append(
+            f"      jaxoff export --run {out} --out DIR   (a Hugging Face folder of the "
+            f"trained model)"
+        )
+    else:
+        lines.append(
+            f"      jaxoff compare --model {cfg.model_label()}   (memory and time of the "
+            f"remat/offload policies)"
+        )
     return lines
 
 

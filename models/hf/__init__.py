@@ -17,6 +17,8 @@ from ._errors import PretrainedError as PretrainedError
 from ._export import LayerSource as LayerSource
 from ._export import ParamsSource as ParamsSource
 from ._export import export_pretrained as export_pretrained
+from ._init import PretrainedInit as PretrainedInit
+from ._init import pretrained_config as pretrained_config
 from ._load import Pretrained as Pretrained
 from ._load import PretrainedLeaf as PretrainedLeaf
 from ._load import from_pretrained as from_pretrained
@@ -28,8 +30,10 @@ __all__ = [
     "ParamsSource",
     "Pretrained",
     "PretrainedError",
+    "PretrainedInit",
     "PretrainedLeaf",
     "export_pretrained",
     "from_pretrained",
     "open_pretrained",
+    "pretrained_config",
 ]
