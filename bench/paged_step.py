@@ -23,7 +23,10 @@ I/O time hidden, ``1 - (paged - compute-only) / pure I/O`` (clamped to [0, 1]), 
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,6 +59,7 @@ class Args:
     io_window: int = 4  # pure-I/O replay: chunk requests in flight
     io_reps: int = 3  # pure-I/O replays per paged run (median)
     json: str | None = None  # write every figure here
+    host_mem: str = "0"  # also a paged run with this RAM tier (--host-mem), e.g. 2GiB
 
 
 def replay_io(root: str, window: int) -> dict:
@@ -146,10 +150,17 @@ def main(args: Args) -> None:
         ckpt_every=0,
         progress=False,
     ).validate()
-    ram, pag = [], []
+    if args.host_mem != "0":  # the RAM tier's files, in a tmpfs folder of this run's own
+        shm = tempfile.mkdtemp(prefix="paged_step_", dir="/dev/shm")
+        atexit.register(shutil.rmtree, shm, True)
+        os.environ["JAXOFF_HOST_MEM_DIR"] = shm
+    ram, pag, tier = [], [], []
     for rep in range(args.reps):
         ram.append(run(dataclasses.replace(base, store="none"), args))
         pag.append(run(dataclasses.replace(base, store="auto"), args))
+        if args.host_mem != "0":
+            tier.append(run(dataclasses.replace(base, store="auto", host_mem=args.host_mem), args))
+            print(f"rep {rep}: paged with a {args.host_mem} RAM tier {tier[-1]['step_s']:.3f} s")
         print(
             f"rep {rep}: in-RAM {ram[-1]['step_s']:.3f} s  paged {pag[-1]['step_s']:.3f} s  "
             f"pure I/O {pag[-1]['pure_io_s']:.3f} s"
@@ -174,6 +185,15 @@ def main(args: Args) -> None:
         "write_gb_per_step": med(pag, "write_gb"),
         "store_gb": pag[0]["replay_gb"],
     }
+    if tier:
+        t = med(tier, "step_s")
+        summary.update(
+            host_mem=args.host_mem,
+            tier_s=t,
+            tier_over_compute_only=t / r,
+            tier_over_paged=t / p,
+        )
+        print(f"ratio paged with a {args.host_mem} RAM tier / compute-only: {t / r:.3f}")
     print(
         f"\nmodel {args.model} ({args.dtype} compute, {args.param_dtype} params), "
         f"batch {args.batch_size}x{args.seq_len}, chunk {args.chunk_mib} MiB, "
@@ -208,6 +228,7 @@ def main(args: Args) -> None:
             path=args.json,
             in_ram_runs=ram,
             paged_runs=pag,
+            tier_runs=tier,
         )
         print(f"wrote {out}")
 

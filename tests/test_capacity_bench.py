@@ -89,11 +89,15 @@ def test_fuyou_probe_with_a_single_slot_store(capacity, tmp_path):
     assert r["pure_io_read_gb"] * 1e9 >= 12 * r["params"]
     # the engine's counters of each step, and each step sampled second by second
     # (bench/fuyou_capacity.py's window bound and plot): every step reads the optimizer state
-    # once (the store less its RAM page and slack) and writes it back, in takes of chunks
+    # once (the store less its RAM page and slack) and writes it back, in takes of chunks;
+    # the pager writes behind the step, so a step's last writes may land in the next one's
+    # window: over the two steps at least the first step's state is written back
     assert len(r["engine"]) == len(r["timelines"]) == 2
+    first, second = r["engine"]
+    assert first["write_bytes"] + second["write_bytes"] >= first["read_bytes"]
     for e, timeline in zip(r["engine"], r["timelines"], strict=True):
         assert 0 < e["read_bytes"] <= r["pure_io_read_gb"] * 1e9 <= 1.2 * e["read_bytes"]
-        assert e["write_bytes"] >= e["read_bytes"] and e["takes"] > 0 and e["io_busy_s"] > 0
+        assert e["write_bytes"] > 0 and e["takes"] > 0 and e["io_busy_s"] > 0
         assert all(e[k] >= 0 for k in ("take_wait_s", "put_wait_s", "begin_wait_s"))
         # samples relative to the step's start; the last one, at its end, sees all of it
         assert timeline[0]["read_bytes"] == timeline[0]["takes"] == 0

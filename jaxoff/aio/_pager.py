@@ -157,12 +157,14 @@ class PagerConfig:
         )
 
 
-def platform_module():
+def platform_module() -> Any:
     """The module whose pager a program traced now runs through: ``jaxoff._ffi_cuda`` when the
     default backend is a GPU and its targets are registered, else ``jaxoff._ffi`` (CPU)."""
     register_targets()
     if _cuda.default_is_gpu() and _cuda.registered():
-        return _cuda.module()
+        module = _cuda.module()
+        if module is not None:  # registered, so it loaded
+            return module
     return _ffi
 
 

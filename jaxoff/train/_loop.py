@@ -285,10 +285,12 @@ def _loop(cfg, ckpts, step_fn: Step, state, start, batches, val_batches):
                 # the line goes first: a step that counts as checkpointed always has its line
                 log.write(record)
                 _faults.point("train.metrics")
+                records.append(record)
+                # the step counts as done before its checkpoint is written: a stop during the
+                # save says "after step N" with checkpoint N, never after N - 1
+                bar.update(step, _bar_stats(record, records))
                 if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == end:
                     ckpts.save(step, state)
-                records.append(record)
-                bar.update(step, _bar_stats(record, records))
     finally:
         log.close()
     return records
