@@ -529,6 +529,7 @@ RESUMABLE_CHANGES = frozenset(
         "host_mem",  # where the store's pages live, not what they hold
         "fuyou_read_ahead_mib",  # how far reads run ahead, not what the step computes
         "compile_cache",  # where compiled programs are kept, not what they compute
+        "steps",  # a run grows (never below the steps done): see _resume.grow_run
     }
 )
 

@@ -69,6 +69,7 @@ def prepare_out_dir(cfg: TrainConfig) -> int | None:
         )
     elif cfg.resume:
         _adopt_unchecksummed(cfg)
+        grow_run(cfg, max(complete_steps(ckpt_dir), default=0))
         complete = complete_steps(ckpt_dir)
         for s in step_dirs(ckpt_dir):
             if s not in complete:  # a save cut short: it never counted
@@ -92,6 +93,31 @@ def prepare_out_dir(cfg: TrainConfig) -> int | None:
         remove_run(cfg)
     config_path.write_text(json.dumps(cfg.to_json(), indent=2, sort_keys=True))
     return None
+
+
+def grow_run(cfg: TrainConfig, done: int) -> None:
+    """``--resume --steps N`` with another N than the run's: a run may grow (or shrink to no
+    fewer steps than its newest checkpoint, ``done``). Its learning-rate schedule follows the
+    new total from the resumed step on, and its ``config.json`` records it, so a stop in the
+    grown part resumes bitwise; said in one line."""
+    path = Path(cfg.out_dir) / "config.json"
+    saved = json.loads(path.read_text())
+    before = saved.get("steps")
+    if before == cfg.steps:
+        return
+    if cfg.steps < done:
+        raise ConfigError(
+            f"--resume --steps {cfg.steps}: the run in {cfg.out_dir} has a checkpoint at step "
+            f"{done} already; pass --steps {done} or more (or --steps {before}, its own)"
+        )
+    say(
+        f"the run grows from {before} to {cfg.steps} steps: its learning-rate schedule warms "
+        f"up and decays over {cfg.steps} steps from here on (steps before {done + 1} were "
+        f"trained under the {before}-step schedule)"
+    )
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({**saved, "steps": cfg.steps}, indent=2, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def warn_torn_metrics(path: Path, start: int) -> None:
