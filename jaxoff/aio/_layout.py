@@ -418,6 +418,18 @@ def check_dirs(dirs: Any) -> tuple[str, ...]:
     return dirs
 
 
+def ram_tier_differences(have: Layout, want: Layout) -> list[str]:
+    """What `layout_differences` says of the RAM tier alone (where pages live, not what)."""
+    if have.ram_dir == want.ram_dir and [e.ram for e in have.entries] == [
+        e.ram for e in want.entries
+    ]:
+        return []
+    return [
+        f"RAM tier: store keeps {have.ram_bytes} bytes in {have.ram_dir}, requested "
+        f"{want.ram_bytes} bytes in {want.ram_dir} (--host-mem)"
+    ]
+
+
 def layout_differences(have: Layout, want: Layout) -> list[str]:
     """Human-readable differences between a store's layout and a requested one."""
     diffs = []
@@ -427,13 +439,7 @@ def layout_differences(have: Layout, want: Layout) -> list[str]:
         diffs.append(f"slots: store has {have.slots}, requested {want.slots}")
     if tuple(map(os.path.normpath, have.dirs)) != tuple(map(os.path.normpath, want.dirs)):
         diffs.append(f"dirs: store has {list(have.dirs)}, requested {list(want.dirs)}")
-    if have.ram_dir != want.ram_dir or [e.ram for e in have.entries] != [
-        e.ram for e in want.entries
-    ]:
-        diffs.append(
-            f"RAM tier: store keeps {have.ram_bytes} bytes in {have.ram_dir}, requested "
-            f"{want.ram_bytes} bytes in {want.ram_dir} (--host-mem)"
-        )
+    diffs += ram_tier_differences(have, want)
     have_e = {e.name: e for e in have.entries}
     want_e = {e.name: e for e in want.entries}
     for name in want_e.keys() - have_e.keys():

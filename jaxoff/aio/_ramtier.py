@@ -28,6 +28,7 @@ import os
 from jaxoff.aio._hostmem import read_host_mem_limits
 from jaxoff.aio._layout import Layout
 from jaxoff.aio._store_errors import PageStoreError, PageStoreFullError
+from jaxoff.aio._store_files import FileTable
 
 ENV_DIR = "JAXOFF_HOST_MEM_DIR"
 RAM_FILESYSTEMS = ("tmpfs", "ramfs")
@@ -69,11 +70,9 @@ def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str |
     return kind
 
 
-def _allocated(layout: Layout, root: str) -> int:
-    """Bytes of the tier's files that already exist (a reopened store's)."""
-    from jaxoff.aio._store_files import FileTable
-
-    table = FileTable(root, layout)
+def _allocated(layout: Layout, table) -> int:
+    """Bytes of the tier's files that already exist (a reopened store's); ``table``: the
+    layout's `FileTable`."""
     total = 0
     for path, size in zip(table.paths, table.sizes, strict=True):
         if layout.ram_dir is not None and path.startswith(layout.ram_dir + os.sep):
@@ -98,17 +97,16 @@ def check_ram_tier(layout: Layout, root: str, *, limits=None) -> None:
             f"host memory (tmpfs); set {ENV_DIR} to a folder on a tmpfs (such as /dev/shm), "
             "or drop --host-mem"
         )
+    table = FileTable(root, layout)
     if os.path.isdir(where):
-        from jaxoff.aio._store_files import FileTable
-
-        ours = {os.path.basename(p) for p in FileTable(root, layout).paths}
+        ours = {os.path.basename(p) for p in table.paths}
         others = sorted(n for n in os.listdir(where) if n not in ours)
         if others:
             raise PageStoreError(
                 f"the RAM tier's folder {where} holds files this store did not write "
                 f"({', '.join(others[:3])}); remove them or set {ENV_DIR} elsewhere"
             )
-    need = layout.ram_bytes - _allocated(layout, root)
+    need = layout.ram_bytes - _allocated(layout, table)
     if need <= 0:
         return
     limits = limits if limits is not None else read_host_mem_limits()

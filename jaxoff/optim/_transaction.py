@@ -62,7 +62,7 @@ from jaxoff.aio import (
     store_error_from,
 )
 from jaxoff.aio._ffi_calls import register_file_table, unregister_file_table
-from jaxoff.aio._layout import layout_differences, plan_layout
+from jaxoff.aio._layout import layout_differences, plan_layout, ram_tier_differences
 from jaxoff.aio._manifest import read as read_manifest
 from jaxoff.aio._pager import (
     Pager,
@@ -372,7 +372,7 @@ def _only_the_ram_tier_differs(root, planned) -> bool:
     except PageStoreError:
         return False
     diffs = layout_differences(have, planned)
-    return bool(diffs) and all(d.startswith("RAM tier:") for d in diffs)
+    return bool(diffs) and diffs == ram_tier_differences(have, planned)
 
 
 def _release(pager, store: PageStore, table: str, registration, committer) -> None:

@@ -137,23 +137,29 @@ def home_costs(prof: Profile, hw: Hardware, params: str, opt: str) -> dict[str, 
             disk += P
             disk_s = 2 * P / hw.disk_read + P / hw.disk_write
     touched = 2 * S + 3 * P  # read+write states, read grads, read+write params
-    link_s = 0.0
+    opt_mem_s = 0.0  # paged (nvme): the update's time without the disk, a RAM tier's cost
     if opt == "device":
         dev += S
         opt_s = touched / hw.device_mem_bw
     else:
         opt_s = touched / hw.host_mem_bw
         if params == "device":
-            link_s = (G + P) / hw.link  # gradients down, new parameters up
-            opt_s += link_s
+            opt_s += (G + P) / hw.link  # gradients down, new parameters up
         if opt == "host":
             host += S
         else:
             host += STAGING_BYTES
             disk += S
+            opt_mem_s = opt_s
             opt_s = max(opt_s, S / hw.disk_read, S / hw.disk_write)
     return dict(
-        dev=dev, host=host, disk=disk, link=link, disk_s=disk_s, opt_s=opt_s, opt_s_link=link_s
+        dev=dev,
+        host=host,
+        disk=disk,
+        link=link,
+        disk_s=disk_s,
+        opt_s=opt_s,
+        opt_mem_s=opt_mem_s,
     )
 
 
@@ -195,12 +201,7 @@ def evaluate(prof: Profile, hw: Hardware, plan: Plan, *, cpu_lowering: bool = Fa
             home = {
                 **home,
                 "disk": home["disk"] - tier,
-                "opt_s": max(
-                    (2 * prof.opt_bytes + 3 * prof.param_bytes) / hw.host_mem_bw
-                    + (home["opt_s_link"]),
-                    rest / hw.disk_read,
-                    rest / hw.disk_write,
-                ),
+                "opt_s": max(home["opt_mem_s"], rest / hw.disk_read, rest / hw.disk_write),
             }
             if hw.shared_memory:
                 device += tier
