@@ -14,6 +14,11 @@ equal to an uninterrupted run.
 Points (see ``POINTS``) are reached in this order within a training step: the step's paging
 calls (begin, takes and puts, commit) and the store's commit, the metrics line, then the
 checkpoint writers.
+
+An I/O error instead of a kill: ``JAXOFF_IO_FAULT="read:n"`` makes the ``n``-th chunk read of
+the pager in this process (1-based, counted in ``ffi/engine/gpu_pager.cc``) fail with EIO, as
+a failing device reports it; the step that takes that chunk fails with the engine's message
+(``tests/test_one_line_failures.py``).
 """
 
 from __future__ import annotations

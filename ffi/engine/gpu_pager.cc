@@ -1,8 +1,10 @@
 #include "gpu_pager.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -47,6 +49,20 @@ std::string Join(const std::vector<int>& v) {
   return out;
 }
 
+// JAXOFF_IO_FAULT="read:N" (tests only, as jaxoff/_faults.py documents): the N-th chunk read
+// of this process completes with EIO instead of reading, reported as a failing device reports
+// it, so that the error path of a read inside a step is tested end to end. Parsed once.
+long InjectedReadFault() {
+  static const long n = [] {
+    const char* spec = std::getenv("JAXOFF_IO_FAULT");
+    if (spec == nullptr || std::strncmp(spec, "read:", 5) != 0) return 0L;
+    return std::atol(spec + 5);
+  }();
+  return n;
+}
+
+std::atomic<long> g_reads{0};
+
 }  // namespace
 
 // ---- EngineChunkIo ---------------------------------------------------------------------
@@ -67,6 +83,11 @@ void EngineChunkIo::Read(const ChunkRef& ref, void* dst, Done done) {
   if (ref.file < 0 || static_cast<size_t>(ref.file) >= files_.size()) {
     done(Failed("read of " + Name(ref.file) + ": the table has " +
                 std::to_string(files_.size()) + " files", EINVAL));
+    return;
+  }
+  if (const long n = InjectedReadFault(); n > 0 && ++g_reads == n) {
+    done(Failed(FormatIoMessage("read", At(ref.file)->path(), static_cast<int64_t>(ref.offset),
+                                static_cast<int64_t>(ref.bytes), EIO, __FILE__, __LINE__)));
     return;
   }
   IoOptions opt;
