@@ -144,6 +144,69 @@ def test_an_in_ram_or_paged_optimizer_run_exports_its_parameters(tmp_path, store
     assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
 
 
+def test_an_fsdp_run_starts_from_the_checkpoint_and_exports_its_parameters(tmp_path):
+    """``--fsdp 2`` with the paged optimizer (each process pages its own blocks): the
+    parameters start from the checkpoint (the first loss is ``from_pretrained``'s on the same
+    batch), and the export is bitwise the run's final parameters."""
+    want = _first_batch_loss(_config(tmp_path, "llama"))
+    cfg = _config(tmp_path, "llama", "fsdp", fsdp=2, steps=2)
+    run = train(cfg)
+    assert abs(run.losses[0] - want) <= TOL * max(1.0, abs(want))
+    out = tmp_path / "hf"
+    assert cli.main(["export", "--run", str(cfg.out_dir), "--out", str(out)]) == 0
+    final = _orbax_final(cfg)
+    _assert_same(_exported(out), final)
+    start = _exported(tmp_path / "llama")
+    assert any(not np.array_equal(start[k], final[k]) for k in final)  # trained
+
+
+def test_a_bfloat16_export_of_a_paged_run_is_its_parameters_rounded_once(tmp_path):
+    """``jaxoff export --dtype bfloat16`` of a Fuyou ``--page-params`` run: every tensor is
+    the run's float32 parameter rounded to bfloat16 (read back as float32), stored as
+    bfloat16 safetensors."""
+    import ml_dtypes
+
+    cfg = _config(tmp_path, "llama", steps=2, **FUYOU)
+    train(cfg)
+    out = tmp_path / "hf"
+    args = ["export", "--run", str(cfg.out_dir), "--out", str(out), "--dtype", "bfloat16"]
+    assert cli.main(args) == 0
+    final = _final_params(cfg.validate())
+    want = {k: x.astype(ml_dtypes.bfloat16).astype(np.float32) for k, x in final.items()}
+    assert any(not np.array_equal(want[k], final[k]) for k in final)  # rounding happened
+    _assert_same(_exported(out), want)
+    written = json.loads((out / "config.json").read_text())
+    assert written["torch_dtype"] == "bfloat16"
+    header = _safetensors_dtypes(out)
+    assert header and set(header) == {"BF16"}, header
+
+
+def _safetensors_dtypes(folder: Path) -> list[str]:
+    """The dtype of every tensor in ``folder``'s safetensors files (their JSON headers)."""
+    import struct
+
+    dtypes = []
+    for shard in sorted(folder.glob("*.safetensors")):
+        with open(shard, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        dtypes += [v["dtype"] for k, v in header.items() if k != "__metadata__"]
+    return dtypes
+
+
+def test_a_store_kept_checkpoint_exports_its_parameters(tmp_path):
+    """``--paged-checkpoint store``: the last checkpoint records the store's version by its
+    checksums instead of copying it; the export reads the blocks from the store (verified)
+    and is bitwise the run's final parameters."""
+    cfg = _config(tmp_path, "llama", steps=2, ckpt_every=0, paged_checkpoint="store", **FUYOU)
+    train(cfg)
+    assert not list((cfg.out_dir / "checkpoints_paged" / "2").glob("*.page"))  # not copied
+    out = tmp_path / "hf"
+    assert cli.main(["export", "--run", str(cfg.out_dir), "--out", str(out)]) == 0
+    # the run's last parameters: its orbax part, and the blocks from the store itself
+    _assert_same(_exported(out), _final_params(cfg.validate()))
+
+
 def test_the_command_line_uses_the_folders_tokenizer(tmp_path, capsys):
     folder = copy("gpt2", tmp_path)
     text = _data(tmp_path, "gpt2")
