@@ -4,6 +4,7 @@
 
     python bench/hf_load.py --layers 4            # a 4-layer cut of the 7B shapes
     python bench/hf_load.py                       # the 32 layers: ~13.5 GB checkpoint
+    python bench/hf_load.py --optimizer lion      # the same, 54 GB of store instead of 80
 
 Writes a synthetic checkpoint with Llama-2-7b's ``config.json`` shapes (hidden 4096, 32 heads,
 intermediate 11008, vocabulary 32000; ``--layers`` of its 32 layers), bfloat16 tensors of
@@ -14,14 +15,18 @@ random bits (a fixed exponent keeps them finite) in shards of at most 5 GB, writ
 * ``load``: ``TrainConfig(init_from=..., strategy="fuyou", page_params=True).validate()``,
   ``jaxoff.strategies.build_step(cfg).init()``: the trainer's own start of a run, which reads
   the checkpoint one layer at a time into the page store; no step;
-* ``train``: ``jaxoff train --init-from DIR --strategy fuyou --page-params --steps 1``
-  (batch 1 x 16 tokens), for a checkpoint to export;
+* ``train``: ``jaxoff train --init-from DIR --strategy fuyou --page-params --steps N``
+  (``--steps``, default 2; batch 1 x 16 tokens): the training step's own peak, and a
+  checkpoint to export;
 * ``export``: ``jaxoff export --run RUN --out HF --dtype bfloat16``, read back per layer
-  from the paged checkpoint.
+  from the paged checkpoint (the synthetic checkpoint's tensors are deleted first: the export
+  reads only its ``config.json``, and the 32 layers need the disk they held).
 
 The goal is a peak RSS of at most 4 GiB for ``load`` and ``export`` (the whole model in
-float32 is 27 GB at 32 layers). The run refuses when the disk has less than 40 GB free or
-less than the bench needs.
+float32 is 27 GB at 32 layers). ``--optimizer`` decides the store's bytes: AdamW keeps 12
+bytes per block parameter (float32 parameters and two moments, ``--store-slots 1``), Lion
+and SGD 8; at 32 layers AdamW's store is 80 GB, Lion's 54 GB. The run refuses when the disk
+has less than 40 GB free or less than the bench needs.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ def write_checkpoint(directory: Path, layers: int) -> float:
     return time.perf_counter() - t0
 
 
-def _load(directory: str, run: str, read_ahead_mib: str) -> None:
+def _load(directory: str, run: str, read_ahead_mib: str, optimizer: str) -> None:
     """Child: the trainer's start of an ``--init-from`` Fuyou ``--page-params`` run."""
     from jaxoff.strategies import build_step
     from jaxoff.train import TrainConfig
@@ -124,6 +129,7 @@ def _load(directory: str, run: str, read_ahead_mib: str) -> None:
         strategy="fuyou",
         page_params=True,
         clip_norm=0.0,
+        optimizer=optimizer,
         seq_len=16,
         batch_size=1,
         store_slots=1,
@@ -165,6 +171,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dir", default="/tmp/jaxoff-hf-load", help="scratch folder (emptied)")
     ap.add_argument("--layers", type=int, default=32, help="layers of the 32 of Llama-2-7B")
     ap.add_argument("--read-ahead-mib", type=int, default=128, help="--fuyou-read-ahead-mib")
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "lion", "sgd"))
+    ap.add_argument("--steps", type=int, default=2, help="training steps before the export")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     ap.add_argument("--json", help="the result file (default: bench/results/hf_load/)")
     args = ap.parse_args(argv)
@@ -173,9 +181,11 @@ def main(argv=None) -> None:
     outside, per_layer = _sizes(args.layers)
     blocks = per_layer * args.layers
     ckpt_bytes = 2 * (outside + blocks)
-    # the checkpoint, the store (fp32 blocks and AdamW moments, one slot; moments of the
-    # rest), the run's orbax part (fp32 embeddings and head), the export (bf16)
-    need = 2 * ckpt_bytes + 12 * blocks + 8 * outside + 4 * outside
+    # the checkpoint (deleted before the export, which takes its place), the store (fp32
+    # blocks and their moments, one slot; the moments of the rest), the run's orbax part
+    # (fp32 embeddings and head)
+    moments = 2 if args.optimizer == "adamw" else 1
+    need = ckpt_bytes + 4 * (1 + moments) * blocks + 4 * moments * outside + 4 * outside
     scratch = Path(args.dir)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
@@ -195,13 +205,15 @@ def main(argv=None) -> None:
     print(f"checkpoint: {_bytes(ckpt) / 1e9:.2f} GB in {write_s:.0f} s", flush=True)
     recs = {"write": {"wall_s": write_s, "bytes": _bytes(ckpt)}}
 
-    me = [sys.executable, __file__, "--child-load", str(ckpt), str(run), str(args.read_ahead_mib)]
+    me = [sys.executable, __file__, "--child-load", str(ckpt), str(run)]
+    me += [str(args.read_ahead_mib), args.optimizer]
     recs["load"] = _child(me, record=True)
     shutil.rmtree(run / "store", ignore_errors=True)
     print(f"load: peak RSS {recs['load']['peak_rss_bytes'] / GIB:.2f} GiB", flush=True)
 
     train = [sys.executable, "-m", "jaxoff", "train", "--init-from", str(ckpt)]
-    train += ["--strategy", "fuyou", "--page-params", "--clip-norm", "0", "--steps", "1"]
+    train += ["--strategy", "fuyou", "--page-params", "--clip-norm", "0"]
+    train += ["--steps", str(args.steps), "--optimizer", args.optimizer]
     train += ["--batch-size", "1", "--seq-len", "16", "--data", str(run / "tokens.npy")]
     train += ["--store-slots", "1", "--paged-checkpoint", "store", "--eval-every", "0"]
     train += ["--fuyou-read-ahead-mib", str(args.read_ahead_mib), "--warmup-steps", "1"]
@@ -212,6 +224,8 @@ def main(argv=None) -> None:
     ]
     print(f"train: peak RSS {recs['train']['peak_rss_bytes'] / GIB:.2f} GiB", flush=True)
 
+    for shard in ckpt.glob("*.safetensors"):  # the export reads the run, not these
+        shard.unlink()
     export = [sys.executable, "-m", "jaxoff", "export", "--run", str(run / "out")]
     export += ["--out", str(out), "--dtype", "bfloat16"]
     recs["export"] = _child(export)
@@ -220,6 +234,7 @@ def main(argv=None) -> None:
 
     summary = {
         "layers": args.layers,
+        "optimizer": args.optimizer,
         "params": outside + blocks,
         "checkpoint_bytes": recs["write"]["bytes"],
         "store_bytes": recs["load"]["store_bytes"],
@@ -245,6 +260,6 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child-load":
-        _load(*sys.argv[2:5])
+        _load(*sys.argv[2:6])
     else:
         main()
