@@ -58,6 +58,18 @@ CASES = [
     (["train", "--model", "tiny", "--tokenizer", "no_tok.json"], ["--tokenizer", "no such"]),
     (["train", "--model", "tiny", "--token-dtype", "uint7"], ["--token-dtype"]),
     (["train", "--model", "tiny", "--store-slots", "3"], ["--store-slots must be 2"]),
+    (["train", "--model", "tiny", "--grad-accum", "0"], ["--grad-accum must be at least 1"]),
+    (["train", "--model", "tiny", "--grad-accum", "-2"], ["--grad-accum must be at least 1"]),
+    (["train", "--model", "tiny", "--grad-accum", "two"], ["--grad-accum", "not an integer"]),
+    (
+        ["train", "--model", "tiny", "--fuyou", "--clip-norm", "0", "--grad-accum", "4"],
+        ["--grad-accum 4 does not apply to --strategy fuyou", "--strategy plain"],
+    ),
+    (
+        ["train", "--model", "tiny", "--policy", "full", "--placement", "host_params_stream1"]
+        + ["--grad-accum", "2"],
+        ["--grad-accum 2 with --placement host_params_stream1", "host_params or device"],
+    ),
     (["train", "--model", "tiny", "--page-params"], ["--page-params", "add --fuyou"]),
     (
         ["train", "--model", "tiny", "--fuyou-read-ahead-mib", "4"],
@@ -179,6 +191,10 @@ CASES = [
         id="train --resume of checkpoints without checksums",
     ),
     (["train", *TINY, "--out-dir", "run", "--resume", "--batch-size", "4"], ["batch_size"]),
+    (
+        ["train", *TINY, "--out-dir", "run", "--resume", "--grad-accum", "4"],
+        ["--resume --grad-accum 4", "started with --grad-accum 1", "resume with --grad-accum 1"],
+    ),
     pytest.param(
         ["train", *TINY, "--out-dir", "empty", "--resume"],
         ["--resume", "no run to resume"],

@@ -24,7 +24,8 @@ from jaxoff.train._options import (
 # flat TrainConfig wrote it (config.json's bytes: a run resumes only when they match), with
 # ``paged_checkpoint`` and ``host_mem`` added since (options that may change on --resume) and
 # ``init_from`` (null in a run that has none: such a run's older config.json, without the
-# key, still resumes, as a missing key reads as None)
+# key, still resumes, as a missing key reads as None) and ``grad_accum`` (1 in a run that
+# has none: an older config.json without the key resumes as 1, see check_resumable)
 CONFIGS = {
     "default": {},
     "tiny": dict(
@@ -78,6 +79,7 @@ EXPECTED_JSON = {
     "default": json.dumps(
         {
             "batch_size": 16,
+            "grad_accum": 1,
             "chunk_mib": 16,
             "ckpt_every": 100,
             "clip_norm": 1.0,
@@ -128,6 +130,7 @@ EXPECTED_JSON = {
     "tiny": json.dumps(
         {
             "batch_size": 16,
+            "grad_accum": 1,
             "chunk_mib": 1,
             "ckpt_every": 100,
             "clip_norm": 0.0,
@@ -178,6 +181,7 @@ EXPECTED_JSON = {
     "fuyou": json.dumps(
         {
             "batch_size": 4,
+            "grad_accum": 1,
             "chunk_mib": 16,
             "ckpt_every": 5,
             "clip_norm": 1.0,
@@ -236,6 +240,7 @@ ORDER = [
     "dtype",
     "param_dtype",
     "batch_size",
+    "grad_accum",
     "seq_len",
     "steps",
     "optimizer",
@@ -292,6 +297,8 @@ ARGV = [
     "float32",
     "--batch-size",
     "4",
+    "--grad-accum",
+    "2",
     "--seq-len",
     "32",
     "--steps",
@@ -361,6 +368,7 @@ ARGV = [
 ARGV_JSON = json.dumps(
     {
         "batch_size": 4,
+        "grad_accum": 2,
         "chunk_mib": 2,
         "ckpt_every": 5,
         "clip_norm": 0.0,
@@ -424,7 +432,7 @@ def test_groups_are_frozen_and_disjoint():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model_options = ModelOptions()  # type: ignore[misc]
     names = [f.name for g in GROUP_TYPES for f in dataclasses.fields(g)]
-    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 43
+    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 44
     assert sorted(names) == sorted(FLAT_NAMES) == sorted(GROUP_OF)
     assert FLAT_NAMES == tuple(ORDER[:-1]) and ORDER[-1] == "processes"
     # each flat name reads its group's option, in FLAT_NAMES order

@@ -89,7 +89,13 @@ def make_stateful_loss_fn(graphdef: nnx.GraphDef, fetch=None, *, training: bool 
     return loss_fn
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, placement=None):
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    placement=None,
+    grad_accum: int = 1,
+    mesh=None,
+):
     """Returns ``train_step(state, inputs, targets) -> (state, metrics)``, not yet jitted.
 
     The caller jits it with ``donate_argnums=0`` so parameters and optimizer state are
@@ -97,6 +103,11 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
     where the state lives; the caller also gives the jit its ``state_shardings``. A
     :class:`TrainStateWithRest` (a model with state besides ``nnx.Param``) gets its rest
     back as the model's call left it; the optimizer sees the parameters only.
+
+    ``grad_accum`` > 1: ``inputs``/``targets`` hold ``grad_accum`` micro-batches, whose
+    gradients are accumulated in a ``lax.scan`` (`jaxoff.step._accum.accumulate`; ``mesh``,
+    the FSDP mesh, keeps each micro-batch's rows where the batch sharding put them) before
+    the one update; the loss is the micro-batches' mean. With 1 the step is the plain one.
     """
     from ..placement import fetch_params, make_update
 
@@ -104,6 +115,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
     loss_fn = make_loss_fn(graphdef, fetch)
     stateful_loss = make_stateful_loss_fn(graphdef, fetch)
     update = make_update(tx, placement)
+    if grad_accum > 1:
+        return _accumulating_step(loss_fn, stateful_loss, update, grad_accum, mesh)
 
     def train_step(state: Any, inputs: jax.Array, targets: jax.Array):
         if not isinstance(state, TrainStateWithRest):
@@ -117,6 +130,26 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, pl
         params, opt_state, grad_norm = update(grads, state.opt_state, state.params)
         metrics = {"loss": loss, "grad_norm": grad_norm}
         return TrainStateWithRest(state.step + 1, params, opt_state, rest), metrics
+
+    return train_step
+
+
+def _accumulating_step(loss_fn, stateful_loss, update, n: int, mesh):
+    """`make_train_step`'s step over ``n`` micro-batches: their gradients accumulated
+    (`jaxoff.step._accum.accumulate`), then ``update`` once."""
+    from ._accum import accumulate, grad_fn_of
+
+    stateless = grad_fn_of(loss_fn, with_rest=False)
+    stateful = grad_fn_of(stateful_loss, with_rest=True)
+
+    def train_step(state: Any, inputs: jax.Array, targets: jax.Array):
+        with_rest = isinstance(state, TrainStateWithRest)
+        grad_fn = stateful if with_rest else stateless
+        rest = state.rest if with_rest else None
+        loss, grads, rest = accumulate(grad_fn, n, state.params, rest, inputs, targets, mesh)
+        params, opt_state, grad_norm = update(grads, state.opt_state, state.params)
+        metrics = {"loss": loss, "grad_norm": grad_norm}
+        return new_state(state.step + 1, params, opt_state, rest), metrics
 
     return train_step
 
@@ -222,7 +255,8 @@ class PlainStep(_OptaxStep):
     optimizer paged or not (``tx`` from ``jaxoff.paged``: its state is checkpointed by
     ``save_paged``, the rest by orbax). A new state's parameters come from ``initializer``
     (a :class:`jaxoff.step.Initializer`, e.g. a pretrained checkpoint; default: the random
-    init from ``seed``).
+    init from ``seed``). ``grad_accum``: micro-batches per step (see `make_train_step`);
+    a step then takes ``grad_accum`` times as many rows.
 
     Example:
         >>> import optax
@@ -241,10 +275,12 @@ class PlainStep(_OptaxStep):
         mesh=None,
         seed: int = 0,
         initializer=None,
+        grad_accum: int = 1,
     ):
         from ..placement import get_placement
 
         self.model_cfg, self.tx, self.mesh, self.seed = model_cfg, tx, mesh, seed
+        self.grad_accum = grad_accum
         self.initializer = initializer  # None: the random init from seed
         self.placement = get_placement(placement)
         self.graphdef: Any = None  # set by init() or restore()
@@ -293,7 +329,9 @@ class PlainStep(_OptaxStep):
     def compile(self, state: TrainState, inputs, targets) -> TrainState:
         from ..placement import compile_placed
 
-        train_step = make_train_step(self.graphdef, self.tx, self.placement)
+        train_step = make_train_step(
+            self.graphdef, self.tx, self.placement, self.grad_accum, self.mesh
+        )
         jitted, shardings = jit_train_step(train_step, self.placement, state, self.mesh)
         if jax.process_count() > 1:
             from ..distributed._sharded import from_host
@@ -346,18 +384,21 @@ def tokens(batch: int, seq: int):
     return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
 
 
-def compile_step(model_cfg, batch: int, seq: int, placement: str = "device"):
+def compile_step(model_cfg, batch: int, seq: int, placement: str = "device", grad_accum: int = 1):
     """``(compiled, jitted, abstract_state)`` of the real train step, state donated and
     placed (``placement``: a ``jaxoff.placement`` preset; the state carries its shardings),
     compiled as ``jaxoff train`` compiles it (``jit_step``: with `jaxoff.compiler_options`),
-    so that what ``jaxoff plan`` and ``jaxoff compare`` measure is the program that trains."""
+    so that what ``jaxoff plan`` and ``jaxoff compare`` measure is the program that trains.
+    ``grad_accum`` > 1: the step over that many micro-batches of ``batch`` rows (its
+    gradient accumulator among the compiled program's temporaries)."""
     from ..placement import abstract_with, compile_placed, streamed_model
 
     tx = optimizer()
     graphdef, state = abstract_state(streamed_model(model_cfg, placement), tx)
-    jitted, shardings = jit_train_step(make_train_step(graphdef, tx, placement), placement, state)
+    step_fn = make_train_step(graphdef, tx, placement, grad_accum)
+    jitted, shardings = jit_train_step(step_fn, placement, state)
     state = abstract_with(state, shardings)
-    tok = tokens(batch, seq)
+    tok = tokens(grad_accum * batch, seq)
     return compile_placed(jitted.lower(state, tok, tok), placement), jitted, state
 
 

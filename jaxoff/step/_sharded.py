@@ -25,6 +25,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ._accum import accumulate, grad_fn_of
 from ._plain import _OptaxStep, make_loss_fn
 from ._state import TrainState
 
@@ -36,15 +37,28 @@ class ShardedPagedStep(_OptaxStep):
     ``state.opt_state`` is this process's `jaxoff.paged` state (of its blocks, in its own
     store); ``inputs``/``targets`` are global token arrays. ``pre``: the chain's global ops
     (``clip_by_global_norm``), run on the global gradients; ``tx``: the paged element-wise
-    rest. The model is built from ``seed``, the same in every process.
+    rest. The model is built from ``seed``, the same in every process. ``grad_accum``:
+    micro-batches per step, their gradients accumulated inside the gradient program
+    (`jaxoff.step._accum.accumulate`), so the paged update still runs once per step.
     """
 
-    def __init__(self, model_cfg, pre, tx, mesh, placement=None, seed: int = 0, initializer=None):
+    def __init__(
+        self,
+        model_cfg,
+        pre,
+        tx,
+        mesh,
+        placement=None,
+        seed: int = 0,
+        initializer=None,
+        grad_accum: int = 1,
+    ):
         from ..nn import check_model
 
         check_model(model_cfg, needs=["sharded"])  # nnx.Param state only: one line if not
         self.model_cfg, self.pre, self.tx, self.mesh = model_cfg, pre, tx, mesh
         self.placement, self.seed = placement, seed
+        self.grad_accum = grad_accum
         self.initializer = initializer  # a new state's parameters (None: random from seed)
         self.graphdef: Any = None  # set by init() or restore()
         self.layout = None  # a jaxoff.distributed.ShardedParams, at the first step
@@ -82,8 +96,14 @@ class ShardedPagedStep(_OptaxStep):
         tokens = batch_sharding(self.mesh)
         grad_shardings = jax.tree.map(lambda sh: sh.with_memory_kind("device"), shardings)
 
+        n, mesh = self.grad_accum, self.mesh
+        grad_fn = grad_fn_of(loss_fn, with_rest=False)
+
         def grads(step, params, inputs, targets):
-            loss, g = jax.value_and_grad(loss_fn)(params, inputs, targets)
+            if n == 1:
+                loss, g = jax.value_and_grad(loss_fn)(params, inputs, targets)
+            else:
+                loss, g, _ = accumulate(grad_fn, n, params, None, inputs, targets, mesh)
             g = move(g, "device")  # streamed layers' gradients come back in host memory
             norm = global_norm(g)
             if pre is not None:

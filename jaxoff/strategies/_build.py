@@ -176,6 +176,7 @@ def _plain_step(cfg):
         mesh,
         seed=cfg.seed,
         initializer=cfg.initializer(),
+        grad_accum=cfg.grad_accum,
     )
 
 
@@ -185,7 +186,14 @@ def _sharded_step(cfg):
     model_cfg, placement, mesh = _trained_model(cfg)
     pre, tx = cfg.build_optimizer_parts()  # the clipping sees the global gradients
     return ShardedPagedStep(
-        model_cfg, pre, tx, mesh, placement, seed=cfg.seed, initializer=cfg.initializer()
+        model_cfg,
+        pre,
+        tx,
+        mesh,
+        placement,
+        seed=cfg.seed,
+        initializer=cfg.initializer(),
+        grad_accum=cfg.grad_accum,
     )
 
 

@@ -234,6 +234,16 @@ def check_resumable(out_dir: Path, config: dict, allowed_changes: frozenset[str]
         ) from None
     saved.setdefault("processes", 1)  # written before runs spanned processes
     saved.setdefault("strategy", "fuyou" if saved.get("fuyou") else "plain")  # before --strategy
+    saved.setdefault("grad_accum", 1)  # written before --grad-accum
+    if saved["grad_accum"] != config.get("grad_accum", 1):
+        n = saved["grad_accum"]
+        raise ConfigError(
+            f"--resume --grad-accum {config.get('grad_accum', 1)}: the run in {out_dir} was "
+            f"started with --grad-accum {n}, and a step of it is {n} micro-batch"
+            f"{'' if n == 1 else 'es'}: its checkpoints, schedule and batch order count "
+            f"those steps; resume with --grad-accum {n}, or start a new run in another "
+            f"--out-dir"
+        )
     if saved["processes"] != config.get("processes", 1):
         n = saved["processes"]
         raise ConfigError(

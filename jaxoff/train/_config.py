@@ -126,6 +126,7 @@ class TrainConfig:
     dtype = _Flat(lambda c: c.model_options.dtype)
     param_dtype = _Flat(lambda c: c.model_options.param_dtype)
     batch_size = _Flat(lambda c: c.data_options.batch_size)
+    grad_accum = _Flat(lambda c: c.data_options.grad_accum)
     seq_len = _Flat(lambda c: c.data_options.seq_len)
     steps = _Flat(lambda c: c.optim_options.steps)
     optimizer = _Flat(lambda c: c.optim_options.optimizer)
@@ -186,7 +187,18 @@ class TrainConfig:
             self = dataclasses.replace(self, strategy="fuyou", fuyou=True)  # noqa: PLW0642
 
         model = self.model_config()  # raises ConfigError naming a bad --model or --policy
-        for name in ("batch_size", "seq_len", "steps", "eval_batches", "keep_checkpoints"):
+        if not self.grad_accum >= 1:
+            raise ConfigError(
+                f"--grad-accum must be at least 1 (micro-batches per optimizer step; 1: no "
+                f"accumulation), got {self.grad_accum}"
+            )
+        for name in (
+            "batch_size",
+            "seq_len",
+            "steps",
+            "eval_batches",
+            "keep_checkpoints",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_opt(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "eval_every", "ckpt_every", "stop_at"):
@@ -225,6 +237,7 @@ class TrainConfig:
             devices=self.fsdp,
             batch_size=self.batch_size,
         )
+        self._check_grad_accum()
         if self.store_dir() is not None:
             from ..aio._layout import MAX_CHUNK_BYTES  # the page store's own bound
 
@@ -268,6 +281,18 @@ class TrainConfig:
             check_writable(store, "--store", "choose another --store directory, or --store none")
         return self
 
+    def _check_grad_accum(self) -> None:
+        """--grad-accum fits the placement (Fuyou's refusal: :meth:`_check_fuyou`)."""
+        from ..placement import get_placement
+
+        if self.grad_accum > 1 and get_placement(self.placement).streams:
+            raise ConfigError(
+                f"--grad-accum {self.grad_accum} with --placement {self.placement}: the "
+                f"streamed layers' gradients come back in host memory, and accumulating them "
+                f"would hold a whole float32 gradient tree on the device, the memory the "
+                f"streaming saves; use --placement host_params or device with --grad-accum"
+            )
+
     def _check_fuyou(self, model) -> None:
         """--fuyou and --page-params fit the rest of the options (each error says what to
         change)."""
@@ -288,6 +313,15 @@ class TrainConfig:
             )
         if not self.fuyou:
             return
+        if self.grad_accum > 1:
+            raise ConfigError(
+                f"--grad-accum {self.grad_accum} does not apply to --strategy fuyou, which "
+                f"updates each layer inside the backward pass as soon as its gradients exist: "
+                f"there is no step-wide gradient to accumulate (holding one would cost the "
+                f"gradient memory Fuyou saves); use --strategy plain with --store and "
+                f"--grad-accum (the paged update after the backward pass), or a larger "
+                f"--batch-size under Fuyou"
+            )
         from ..nn import recomputes_everything
 
         stack = getattr(model, "stack", None)

@@ -115,12 +115,15 @@ def data_batches(
     """``(training batches, validation batches)`` of the corpus ``data`` names: its tokens
     loaded (`load_tokens`), checked against the model's vocabulary (``model_vocab``; ``model``
     names the model in the message), split (``data.val_fraction`` held out) and cut into
-    batches of ``data``'s shape, seeded ``seed`` and ``seed + 1``. Raises ConfigError."""
+    batches of ``data``'s shape, seeded ``seed`` and ``seed + 1``: a training batch is one
+    optimizer step's, ``grad_accum`` micro-batches of ``batch_size`` rows (the step splits
+    it, see ``jaxoff.step._accum.micro_batches``), a validation batch ``batch_size`` rows.
+    Raises ConfigError."""
     tokens, vocab = load_tokens(data.data, data.tokenizer, data.token_dtype)
     check_vocab(vocab, model_vocab, model)
     train_tokens, val_tokens = split(tokens, data.val_fraction)
     return (
-        Batches(train_tokens, data.batch_size, data.seq_len, seed),
+        Batches(train_tokens, data.batch_size * data.grad_accum, data.seq_len, seed),
         Batches(val_tokens, data.batch_size, data.seq_len, seed + 1),
     )
 

@@ -240,7 +240,7 @@ def _loop(cfg, ckpts, step_fn: Step, state, start, batches, val_batches):
     log = MetricsLog(metrics_path(Path(cfg.out_dir)), run=cfg)  # + lr, TensorBoard
     records: list[dict] = []
     data = cfg.data_options
-    tokens_per_step = data.batch_size * data.seq_len
+    tokens_per_step = data.grad_accum * data.batch_size * data.seq_len  # every micro-batch
     loop_start = time.perf_counter()
     try:
         display = progress_display(cfg.steps, start, cfg.progress, cfg, io_split.snapshot)

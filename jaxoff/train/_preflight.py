@@ -167,8 +167,9 @@ def memory_bytes() -> int:
 
 def needed_bytes(cfg: TrainConfig) -> tuple[int, str] | None:
     """A lower bound of the memory one step needs, and what it is made of: the batch's
-    tokens and its logits, the parameters (unless Fuyou pages them) and, without a page
-    store, one float32 of optimizer state per parameter."""
+    tokens and a micro-batch's logits, the parameters (unless Fuyou pages them), with
+    --grad-accum the float32 gradient accumulator and, without a page store, one float32
+    of optimizer state per parameter."""
     model = cfg.model_config()
     params = param_bytes(model)
     if params is None:
@@ -176,9 +177,10 @@ def needed_bytes(cfg: TrainConfig) -> tuple[int, str] | None:
     count, size = params
     tokens = cfg.batch_size * cfg.seq_len
     parts = {
-        "the batch": tokens * 2 * 4,
+        "the batch": cfg.grad_accum * tokens * 2 * 4,
         "its logits": tokens * model.vocab_size * 2,
         "the parameters": 0 if cfg.page_params else size,
+        "the gradient accumulator": 4 * count if cfg.grad_accum > 1 else 0,
         "the optimizer state": 4 * count if cfg.store_dir() is None else 0,
     }
     listed = ", ".join(f"{k} {v / GIB:,.1f} GiB" for k, v in parts.items() if v)

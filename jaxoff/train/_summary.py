@@ -94,7 +94,7 @@ def summary_lines(cfg, records: list[dict], run_records: list[dict], plot: Path 
     if steps:
         loop_s = records[-1].get("elapsed_s", 0.0)
         compile_s = records[0].get("compile_s", 0.0)
-        tokens = len(steps) * cfg.batch_size * cfg.seq_len
+        tokens = len(steps) * cfg.grad_accum * cfg.batch_size * cfg.seq_len
         span = f"steps {steps[0]}-{end}" if steps[0] > 1 else f"{len(steps)} steps"
         lines.append(
             f"jaxoff train: done, {span} of {cfg.model_label()} in {duration(loop_s)} "
