@@ -25,7 +25,11 @@ caps of AVX-512, AVX2 or none, another under AVX, a third under SSE4.2), and dig
 recorded on one CPU failed on an AMD EPYC. Each run is therefore made in a process of its
 own with XLA's instruction set capped at SSE4.2 (``--xla_cpu_max_isa=SSE4_2``: 128-bit
 vectors, no FMA, which every x86-64 machine the suite runs on has), recorded and compared
-alike; the file names the machine that recorded it.
+alike; the file names the machine that recorded it (an Intel Xeon with AVX-512). Checked on
+an AMD EPYC with AVX-512 (2026-12-02): every fixture equal, and ``paged-tiny`` and
+``fuyou-tiny`` end with one digest under no cap, AVX-512 and AVX2, another under AVX and a
+third under SSE4.2, the last equal to the file's (``python
+bench/investigations/isa_bits.py``, ``bench/results/isa_bits/2026-12-02-7bc88c8.json``).
 
 The runs: the plain paged step (``--store``), the sharded paged step (``--fsdp 2 --store``,
 two of the 4 fake CPU devices of ``conftest.py``), Fuyou (``--fuyou``, and with
