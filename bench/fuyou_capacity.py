@@ -8,8 +8,8 @@ state is several times RAM. So the bound ``max(compute-only, pure I/O)`` is take
   optimizer's engine configuration (``bench/paged_step.py``'s ``replay_io``), ``--io-reps``
   times (median);
 * **compute-only**, measured at ``--compute-depths`` (the same width, sequence and batch;
-  ``bench/capacity.py``'s ``plain-bf16`` mode: bf16 parameters and gradients, fp32 masters and
-  moments, optax AdamW, all in RAM) and extrapolated to the capacity depth by a least-squares
+  ``_common/step_loop.py``'s ``plain-bf16`` mode: bf16 parameters and gradients, fp32 masters
+  and moments, optax AdamW, all in RAM) and extrapolated to the capacity depth by a least-squares
   line in the number of layers (a scan of identical blocks: each layer adds the same work).
   The fit's largest relative residual is printed and stored.
 
@@ -31,8 +31,12 @@ probe's steps after the first: cores busy, takes waiting, GB/s read.
 At the largest compute depth Fuyou and pure I/O are measured too, so one ratio there needs no
 extrapolation; ``--baseline-read-ahead-mib`` adds Fuyou probes there with other read-ahead
 budgets (``fuyou_init(..., read_ahead_bytes=...)``; ``--read-ahead-mib`` sets the measured
-one, default the library's). Every probe is a child process of ``bench/capacity.py`` (its
-own peak RSS); step times are the medians of the steps after the first.
+one, default the library's). Step times are the medians of the steps after the first.
+
+Every probe is a child process of its own (``_common/child.py``: its own peak RSS, a memory
+watchdog) running the instrumented loop of ``_common/step_loop.py`` over the library's Fuyou
+step (``make_fuyou_step``), not ``jaxoff train``: the compute-only baseline is no trainer
+configuration, and the trainer neither samples its steps nor replays its store.
 
     python bench/fuyou_capacity.py --layers 120 --json bench/results/fuyou_bound_capacity.json
 """
@@ -43,6 +47,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -51,8 +56,61 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from capacity import GIB, disk_cap_layers, num_params, probe, store_bytes  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: _capacity, _common
+from _capacity.sizes import GIB, disk_cap_layers, model_config, num_params, store_bytes  # noqa: E402
+from _common.child import run_child  # noqa: E402
+
+
+def loop_probe(mode: str, num_layers: int, d_model: int, seq_len: int, **kw) -> dict:
+    """The child's side of `probe`: ``_common/step_loop.py``'s ``run_probe`` of the capacity
+    model at ``num_layers`` layers."""
+    from _common.step_loop import run_probe
+
+    return run_probe(mode, model_config(num_layers, d_model, seq_len, mode), seq_len, **kw)
+
+
+def probe(
+    mode: str,
+    num_layers: int,
+    *,
+    d_model: int,
+    seq_len: int,
+    store_dir: str,
+    timeout_s: float,
+    mem_limit_gib: float | None = None,
+    min_available_gib: float = 0.75,
+    **kw,
+) -> dict:
+    """One probe of the instrumented loop in a child process: its record, with ``status``
+    (``ok``, ``killed`` or ``error``, ``why`` saying why not) and the child's peak RSS. ``kw``:
+    `loop_probe`'s (``batch_size``, ``steps``, ``slots``, ``pure_io_reps``, ...). The store
+    and the child's files are removed afterwards."""
+    import psutil
+
+    if mem_limit_gib is None:
+        mem_limit_gib = psutil.virtual_memory().total / GIB - 1.0
+    rec = {
+        "mode": mode,
+        "num_layers": num_layers,
+        "params": num_params(num_layers, d_model, seq_len),
+    }
+    Path(store_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fuyou-capacity-probe-", dir=store_dir))
+    args = dict(mode=mode, num_layers=num_layers, d_model=d_model, seq_len=seq_len, **kw)
+    try:
+        got = run_child(
+            "fuyou_capacity:loop_probe",
+            args | {"store_dir": str(work / "store")},
+            work=work,
+            mem_limit_gib=mem_limit_gib,
+            min_available_gib=min_available_gib,
+            timeout_s=timeout_s,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rec.update(got)
+    rec.setdefault("why", "ran")
+    return rec
 
 
 def _median_after_first(rec: dict, key: str = "step_s") -> float:
@@ -174,7 +232,8 @@ def main() -> None:
     a = ap.parse_args()
     root = a.store_dir or tempfile.gettempdir()
     Path(root).mkdir(parents=True, exist_ok=True)
-    cap = disk_cap_layers(root, "fuyou", 1, a.d_model, a.seq_len, a.disk_reserve_gib)
+    # the loop writes no checkpoint: the store alone
+    cap = disk_cap_layers(root, "fuyou", 1, a.d_model, a.seq_len, a.disk_reserve_gib, None)
     layers = a.layers or cap
     if layers > cap:
         need = store_bytes(num_params(layers, a.d_model, a.seq_len), "fuyou", 1)
@@ -191,7 +250,6 @@ def main() -> None:
         seq_len=a.seq_len,
         batch_size=a.batch_size,
         store_dir=root,
-        disk_reserve_gib=a.disk_reserve_gib,
         timeout_s=a.timeout_s,
         lr=1e-6,
         warmup_steps=5,

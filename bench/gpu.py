@@ -20,7 +20,8 @@ Parts:
               on the device (mode plain: each of --plain-plans) versus jaxoff's plans (mode
               jaxoff: each of --jaxoff-plans), with tokens/s and MFU -> <--capacity-name>.json
               (every probe kept, including failures). A plan is a placement, paged:<placement>,
-              or bench:<mode> for bench/capacity.py's plain-bf16 and fuyou-nvme probes
+              or bench:<mode> for the instrumented loop's plain-bf16 and fuyou-nvme probes
+              (_common/step_loop.py, at bench/capacity.py's GPT shape)
 
 Every measurement runs in a child process of its own (``bench/gpu.py probe``, the code in
 ``_gpu/probe.py``): a device's peak cannot be reset, and an out-of-memory probe must not take
@@ -341,7 +342,7 @@ def size_args(a, **over) -> dict:
 
 
 def placement_args(spec: str, a, **size) -> dict:
-    if spec.startswith("bench:"):  # bench/capacity.py's mode (plain-bf16, fuyou-nvme)
+    if spec.startswith("bench:"):  # _common/step_loop.py's mode (plain-bf16, fuyou-nvme)
         args = size_args(a, bench_mode=spec.split(":", 1)[1], **size)
         if a.store_dir:
             args["store_dir"] = os.path.join(a.store_dir, spec.replace(":", "-"))

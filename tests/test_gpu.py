@@ -253,14 +253,15 @@ def test_streaming_keeps_at_most_window_plus_one_layers_on_device(window):
 
 
 def test_fuyou_pages_optimizer_and_block_parameters_off_the_device():
-    """bench/capacity.py's pair of modes on the GPU: Fuyou with the AdamW state and the block
-    parameters in a page store (read a layer ahead through the CUDA paging calls) against the
-    same bf16 model with fp32 masters and moments on the device. Fuyou's device peak leaves
-    out at least half of what it pages (fp32 masters and two moments of the blocks, 12 bytes a
-    parameter), and it trains the same steps to the same losses up to rounding. Both update with
-    optax's AdamW on the GPU (Fuyou chunk by chunk; the fused C++ AdamW is a CPU-only target);
-    the rounding differs because Fuyou differentiates layer by layer with its own VJP where
-    plain-bf16 takes jax.value_and_grad of the whole model, then rounds to bf16 parameters."""
+    """The instrumented loop's pair of modes (bench/_common/step_loop.py) on the GPU: Fuyou with
+    the AdamW state and the block parameters in a page store (read a layer ahead through the
+    CUDA paging calls) against the same bf16 model with fp32 masters and moments on the device.
+    Fuyou's device peak leaves out at least half of what it pages (fp32 masters and two moments
+    of the blocks, 12 bytes a parameter), and it trains the same steps to the same losses up to
+    rounding. Both update with optax's AdamW on the GPU (Fuyou chunk by chunk; the fused C++
+    AdamW is a CPU-only target); the rounding differs because Fuyou differentiates layer by
+    layer with its own VJP where plain-bf16 takes jax.value_and_grad of the whole model, then
+    rounds to bf16 parameters."""
     size = dict(layers=4, d_model=512, seq_len=256, batch_size=4, steps=10)
     plain = probe(bench_mode="plain-bf16", **size)
     fuyou = probe(bench_mode="fuyou-nvme", **size)

@@ -219,23 +219,25 @@ def new_store(under: str | None) -> str:
 
 
 def run_bench_mode(a: argparse.Namespace) -> dict:
-    """One probe of bench/capacity.py's ``--bench-mode`` (``plain-bf16``: bf16 parameters with
-    fp32 masters and moments, all on the device; ``fuyou-nvme``: the same AdamW paged, and the
-    block parameters in the page store, read a layer ahead through the CUDA paging calls), run
-    on the GPU with its device-memory figures added: the CPU capacity record's pair of modes."""
+    """One probe of the benches' instrumented loop (``_common/step_loop.py``) in
+    ``--bench-mode`` (``plain-bf16``: bf16 parameters with fp32 masters and moments, all on the
+    device; ``fuyou-nvme``: the same AdamW paged, and the block parameters in the page store,
+    read a layer ahead through the CUDA paging calls) at bench/capacity.py's GPT shape, run on
+    the GPU with its device-memory figures added."""
     import jax
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
-    import capacity
+    from _capacity.sizes import model_config as capacity_model
+    from _common.step_loop import run_probe
 
     dev = gpu_devices()[0]
     store = new_store(a.store_dir)
+    cfg = capacity_model(a.layers, a.d_model, a.seq_len, a.bench_mode)
     try:
         with jax.default_device(dev):
-            rec = capacity.run_probe(
+            rec = run_probe(
                 a.bench_mode,
-                a.layers,
-                a.d_model,
+                cfg,
                 a.seq_len,
                 a.batch_size,
                 a.steps,
@@ -259,8 +261,8 @@ def run_bench_mode(a: argparse.Namespace) -> dict:
         jax=jax.__version__,
     )
     figures = step_figures(a, dev, rec["params"], rec["step_s"], rec["losses"])
-    # capacity.run_probe judges a falling loss over two passes of the same windows (>= 10
-    # steps); below that, step_figures' last loss under the first
+    # run_probe judges a falling loss over two passes of the same windows (>= 10 steps);
+    # below that, step_figures' last loss under the first
     if "loss_falling" in rec:
         del figures["loss_falling"]
     rec.update(figures)
@@ -287,8 +289,9 @@ def main(argv=None) -> None:
         "--bench-mode",
         choices=("plain-bf16", "fuyou-nvme"),
         default=None,
-        help="run bench/capacity.py's probe of this mode instead (bf16 parameters, fp32 "
-        "masters and moments; --placement, --policy and --optimizer are then ignored)",
+        help="run the instrumented loop (_common/step_loop.py) in this mode instead (bf16 "
+        "parameters, fp32 masters and moments; --placement, --policy and --optimizer are then "
+        "ignored)",
     )
     p.add_argument("--slots", type=int, default=1, help="page store slots (--bench-mode)")
     p.add_argument("--out", default=None, help="also write the JSON record here")
