@@ -28,7 +28,7 @@ from jaxoff import _ffi
 from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError, store_error_from
 from jaxoff.aio._pager import PAGER_TARGETS
 from jaxoff.optim import paged, update_and_apply
-from jaxoff.optim.chunks import RAM_ENTRY, chunk_updater
+from jaxoff.optim.chunks import chunk_updater
 
 CHUNK = 4096
 
@@ -147,7 +147,7 @@ def test_the_paged_step_plan_is_the_canonical_walk(tmp_path, recorders):
             for kind in ("read", "write"):
                 want += [(kind, name, c, n * plan.entries[k].storage.itemsize)
                          for k, name in zip(leaf.entries, names, strict=True)]  # fmt: skip
-    want.append(("write", RAM_ENTRY, 0, plan.ram_nbytes))
+    want.append(("write", plan.ram_entry()[0], 0, plan.ram_nbytes))
     got = [(io.kind, io.entry, io.chunk, io.nbytes) for io in recorders[-1].plan.ios()]
     assert got == want
     tx.close()

@@ -85,11 +85,23 @@ def test_optim_exports_the_optimizer_and_leaves_the_chunk_api_to_chunks():
     assert len(jaxoff.optim.__all__) <= 20
 
 
+def test_chunks_offers_strategy_authors_a_dozen_names():
+    """`jaxoff.optim.chunks` is for people writing strategies: the layout, the transaction and
+    its step; the RAM leaves' codec and the checkpoint copies are methods of `ChunkUpdater`."""
+    import jaxoff.optim.chunks as chunks
+
+    assert len(chunks.__all__) <= 12, chunks.__all__
+    for plumbing in ("RAM_ENTRY", "ram_bytes", "ram_bytes_np", "ram_from_bytes", "copy_in"):
+        assert not hasattr(chunks, plumbing), plumbing
+    for method in ("ram_chunk", "put_ram", "read_ram", "copy_out", "copy_in"):
+        assert callable(getattr(chunks.ChunkUpdater, method)), method
+
+
 def test_names_moved_to_chunks_are_gone_from_optim_with_a_hint():
     import jaxoff.optim
     import jaxoff.optim.chunks as chunks
 
-    for name in ("StepPlan", "ChunkUpdater", "copy_in"):
+    for name in ("StepPlan", "ChunkUpdater", "as_bits"):
         assert hasattr(chunks, name), name
         with pytest.raises(AttributeError, match=r"moved to jaxoff\.optim\.chunks"):
             getattr(jaxoff.optim, name)

@@ -53,20 +53,14 @@ __all__ = [
 # says where it lives now.
 _MOVED_TO_CHUNKS = frozenset(
     {
-        "RAM_ENTRY",
         "ChunkUpdater",
         "LeafPlan",
         "Plan",
         "StepPlan",
         "as_bits",
         "chunk_updater",
-        "copy_in",
-        "copy_out",
         "ends_with_paged",
         "path_name",
-        "ram_bytes",
-        "ram_bytes_np",
-        "ram_from_bytes",
     }
 )
 

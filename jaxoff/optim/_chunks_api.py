@@ -33,11 +33,12 @@ import numpy as np
 import optax
 
 from jaxoff.aio import EngineConfig, PageStore
-from jaxoff.optim import _chunk
+from jaxoff.optim import _checkpoint, _chunk
 from jaxoff.optim._checks import chain_members
+from jaxoff.optim._codec import ram_bytes, ram_bytes_np, ram_from_bytes
 from jaxoff.optim._paged import PagedTransformation, Pager
 from jaxoff.optim._pipeline import EntryNames
-from jaxoff.optim._plan import LeafPlan, Plan
+from jaxoff.optim._plan import RAM_ENTRY, LeafPlan, Plan
 from jaxoff.optim._transaction import PageTransaction, StepRecorder
 from jaxoff.optim._update import update_leaf
 
@@ -137,6 +138,11 @@ class ChunkUpdater:
         flat master (or parameter) chunk ``p``; the master chunk itself is not included."""
         return _chunk.chunk_init(plan, self._pager.inner, self._pager.master_dtype, j, p)
 
+    def ram_chunk(self, plan: Plan, ram: list) -> tuple[str, int, np.ndarray]:
+        """``(entry, chunk index, bytes)`` of the RAM leaves ``ram`` (concrete) as `paged`
+        stores them: the last chunk of an initial version (``txn.write_initial``)."""
+        return RAM_ENTRY, 0, ram_bytes_np(plan, ram)
+
     # ------------------------------------------------------------------ update
 
     def ram_update(self, plan: Plan, ram: list, extra: dict | None = None) -> list:
@@ -185,6 +191,30 @@ class ChunkUpdater:
         """
         extra = {} if extra is None else extra
         return update_leaf(self._pager, rec, plan, leaf, grads, params, ram, names, extra, apply)
+
+    def put_ram(self, rec: StepRecorder, plan: Plan, ram: list) -> None:
+        """Puts the new RAM leaves ``ram`` (traced: `ram_update`'s result) in the step
+        ``rec``, as `paged`'s own step does before its commit."""
+        rec.put(lambda env: (RAM_ENTRY, 0), ram_bytes(plan, ram))
+
+    def read_ram(self, plan: Plan, store: PageStore) -> list:
+        """The RAM leaves of ``store``'s committed version (verified), as arrays."""
+        return [np.asarray(x) for x in ram_from_bytes(plan, store.read(RAM_ENTRY))]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def copy_out(self, txn: PageTransaction, directory, **kw) -> int:
+        """Streams the committed version of ``txn``'s store into the checkpoint
+        ``directory`` (atomic, every chunk verified on the way): what `jaxoff.optim`'s
+        ``save_paged`` writes. ``in_store=True`` records that version of the store by its
+        checksums instead of copying it; ``extra`` is kept in its manifest. Returns bytes."""
+        return _checkpoint.copy_out(txn.store, directory, **kw)
+
+    def copy_in(self, txn: PageTransaction, plan: Plan, directory, want=None) -> int:
+        """Writes the checkpoint ``directory`` (of `copy_out`) into ``txn``'s store as its
+        committed version, every chunk checked first; ``want``: ``{entry: (shape, dtype)}``
+        it must hold (default ``plan``'s entries). Returns the version it recorded."""
+        return _checkpoint.copy_in(txn, plan, directory, want=want)
 
 
 def chunk_updater(tx: optax.GradientTransformation) -> ChunkUpdater:

@@ -105,9 +105,15 @@ class Plan:
         n = sum(math.prod(a.shape) * _byte_width(a.dtype) for a in self.ram_avals)
         return max(4, -(-n // 4) * 4)
 
+    def ram_entry(self) -> tuple[str, tuple[tuple[int, ...], np.dtype]]:
+        """``(name, (shape, dtype))`` of the store entry holding the RAM leaves' bytes: the
+        last entry of `store_entries`, and of a strategy's own layout."""
+        return RAM_ENTRY, ((self.ram_nbytes,), np.dtype(np.uint8))
+
     def store_entries(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         out = {e.name: (self.leaves[e.leaf].shape, e.storage) for e in self.entries}
-        out[RAM_ENTRY] = ((self.ram_nbytes,), np.dtype(np.uint8))
+        name, spec = self.ram_entry()
+        out[name] = spec
         return out
 
 

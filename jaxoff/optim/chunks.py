@@ -14,34 +14,35 @@ How a strategy pages its state, step by step:
    is a `Plan`: per parameter leaf a `LeafPlan` (shape, chunk size, its store ``entries``:
    the fp32 master copy first when the parameter is not one, then each state tensor), the
    entry names (`path_name` spells a leaf's tree path as they do) and the inner optimizer's
-   small RAM leaves (step counts), kept as the bytes of one entry named `RAM_ENTRY`
-   (`ram_bytes` traced, `ram_bytes_np` concrete, `ram_from_bytes` back).
-   ``Plan.store_entries()`` is the store layout `paged` uses; a strategy may cut it further
-   (Fuyou stores one entry per layer of a stacked leaf).
+   small RAM leaves (step counts), kept as the bytes of one entry of their own
+   (``updater.ram_chunk`` writes them, ``updater.put_ram`` in a step, ``updater.read_ram``
+   reads them back). ``Plan.store_entries()`` is the store layout `paged` uses; a strategy
+   may cut it further (Fuyou stores one entry per layer of a stacked leaf).
 2. **The transaction.** ``updater.open(entries)`` opens the store with the strategy's
    layout, its file table and its pager: a `PageTransaction`, closed with ``tx.close()``.
    ``txn.write_initial`` writes and commits the first version (``updater.chunk_init`` and
-   ``updater.ram_init`` give its chunks).
+   ``updater.ram_init`` give its chunks, ``updater.ram_chunk`` the RAM leaves' chunk).
 3. **One step.** ``rec = txn.begin(state.version)`` starts it (the pager refuses a stale
    state) and returns the step's `StepRecorder`; ``updater.update_leaf(rec, ...)`` takes a
    leaf's (or a layer's) chunks, runs `paged`'s chunk arithmetic on them and puts the new
    chunks (`fixed_names` names a leaf's entries when no scan changes them);
    ``rec.take`` / ``rec.put`` move other chunks (Fuyou's paged parameters); ``rec.scan`` is
    ``lax.scan`` for a body that pages (a chunk or layer index of each trip addresses its
-   chunks); ``rec.commit()`` ends the step. The recorded `StepPlan` is what the pager
-   follows; the step returns ``state.version + 1``. `as_bits` is the bit-cast a strategy
-   uses to carry 16-bit floats through a scan unchanged.
-4. **Checkpoints.** `copy_out` streams the store's committed version into a checkpoint
-   directory; `copy_in` writes it back as the store's next version (what `save_paged` and
-   `restore_paged` do for `paged`'s own store); ``txn.check_version`` refuses a stale state.
+   chunks); ``updater.put_ram`` puts the new RAM leaves and ``rec.commit()`` ends the
+   step. The recorded `StepPlan` is what the pager follows; the step returns
+   ``state.version + 1``. `as_bits` is the bit-cast a strategy uses to carry 16-bit floats
+   through a scan unchanged.
+4. **Checkpoints.** ``updater.copy_out`` streams the store's committed version into a
+   checkpoint directory; ``updater.copy_in`` writes it back as the store's next version (what
+   `save_paged` and `restore_paged` do for `paged`'s own store); ``txn.check_version``
+   refuses a stale state.
 
 Example: a store laid out as `paged` lays it out, written by hand (a strategy's init), and
 one step that updates the leaf through it, bitwise as plain optax does:
 
     >>> import optax, tempfile, numpy as np, jax, jax.numpy as jnp
     >>> from jaxoff.optim import paged
-    >>> from jaxoff.optim.chunks import chunk_updater, fixed_names, ram_bytes, ram_bytes_np
-    >>> from jaxoff.optim.chunks import RAM_ENTRY
+    >>> from jaxoff.optim.chunks import chunk_updater, fixed_names
     >>> tx = paged(optax.adam(1e-3), tempfile.mkdtemp() + "/s", chunk_bytes=4096)
     >>> updater = chunk_updater(tx)
     >>> params = {"w": jnp.ones((2, 1500), jnp.float32)}
@@ -55,7 +56,7 @@ one step that updates the leaf through it, bitwise as plain optax does:
     ...     p = jnp.ones((leaf.chunk_size(c),), jnp.float32)
     ...     for k, x in zip(leaf.entries, updater.chunk_init(plan, 0, p)):
     ...         chunks.append((plan.entries[k].name, c, np.asarray(x)))
-    >>> chunks.append((RAM_ENTRY, 0, ram_bytes_np(plan, ram)))
+    >>> chunks.append(updater.ram_chunk(plan, ram))
     >>> txn.write_initial(chunks)
     1
     >>> @jax.jit
@@ -64,7 +65,7 @@ one step that updates the leaf through it, bitwise as plain optax does:
     ...     names = fixed_names([plan.entries[k].name for k in leaf.entries])
     ...     new_w = updater.update_leaf(rec, plan, leaf, g, w, ram, names)
     ...     new_ram = updater.ram_update(plan, ram)
-    ...     rec.put(lambda env: (RAM_ENTRY, 0), ram_bytes(plan, new_ram))
+    ...     updater.put_ram(rec, plan, new_ram)
     ...     rec.commit()
     ...     return version + 1, new_w, new_ram
     >>> grads = {"w": jnp.full((2, 1500), 0.5, jnp.float32)}
@@ -78,17 +79,11 @@ one step that updates the leaf through it, bitwise as plain optax does:
 
 from __future__ import annotations
 
-from ._checkpoint import copy_in as copy_in
-from ._checkpoint import copy_out as copy_out
 from ._chunks_api import ChunkUpdater as ChunkUpdater
 from ._chunks_api import chunk_updater as chunk_updater
 from ._chunks_api import ends_with_paged as ends_with_paged
-from ._codec import ram_bytes as ram_bytes
-from ._codec import ram_bytes_np as ram_bytes_np
-from ._codec import ram_from_bytes as ram_from_bytes
 from ._pipeline import as_bits as as_bits
 from ._pipeline import fixed_names as fixed_names
-from ._plan import RAM_ENTRY as RAM_ENTRY
 from ._plan import LeafPlan as LeafPlan
 from ._plan import Plan as Plan
 from ._plan import path_name as path_name
@@ -98,23 +93,16 @@ from ._transaction import StepRecorder as StepRecorder
 
 __all__ = [
     # 1. chunk layout
-    "RAM_ENTRY",
     "ChunkUpdater",
     "LeafPlan",
     "Plan",
     "chunk_updater",
     "ends_with_paged",
     "path_name",
-    "ram_bytes",
-    "ram_bytes_np",
-    "ram_from_bytes",
     # 2. and 3. the transaction, one step
     "PageTransaction",
     "StepPlan",
     "StepRecorder",
     "as_bits",
     "fixed_names",
-    # 4. checkpoints
-    "copy_in",
-    "copy_out",
 ]

@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxoff._errors import ConfigError
 from jaxoff.aio import PageStoreError
-from jaxoff.optim.chunks import RAM_ENTRY, as_bits, copy_in, copy_out, ram_bytes_np, ram_from_bytes
+from jaxoff.optim.chunks import as_bits
 
 from . import _params as fp
 from ._bits import put_bits
@@ -96,7 +96,7 @@ def fuyou_init(
             for leaf, p in zip(plan.leaves, leaves, strict=True):
                 if lay.blocks[leaf.index]:
                     yield from chunks(leaf, p[j], f"@{j}")
-        yield RAM_ENTRY, 0, ram_bytes_np(plan, ram)
+        yield updater.ram_chunk(plan, ram)
 
     version = lay.txn.write_initial(every_chunk())
     return _state(version, ram)
@@ -115,9 +115,9 @@ def fuyou_save(
     returns its bytes.
 
     The copy is atomic and every chunk is verified on the way (``jaxoff.optim``'s
-    ``copy_out``, the format `fuyou_restore` and ``restore_paged`` read). ``in_store``:
-    record that version of the store instead of copying it (``copy_out``'s ``in_store``);
-    ``extra``: recorded in its manifest (``copy_out``'s).
+    ``ChunkUpdater.copy_out``, the format `fuyou_restore` and ``restore_paged`` read).
+    ``in_store``: record that version of the store instead of copying it; ``extra``: recorded
+    in its manifest.
 
     Raises:
       PageStoreError: ``opt_state`` is not the store's committed version (a stale state).
@@ -129,7 +129,7 @@ def fuyou_save(
         lay.txn.check_version(opt_state.version)
     except PageStoreError as e:
         raise PageStoreError(f"fuyou_save: {e}; save the state the last step returned") from None
-    return copy_out(lay.store, directory, in_store=in_store, extra=extra)
+    return _updater(tx).copy_out(lay.txn, directory, in_store=in_store, extra=extra)
 
 
 def fuyou_restore(
@@ -154,9 +154,9 @@ def fuyou_restore(
     _check_model(model_cfg)
     lay = _layout(tx, _abstract_params(model_cfg), page_params, read_ahead_bytes)
     want = {n: (e.shape, e.dtype) for n, e in lay.store.entries.items()}
-    copy_in(lay.txn, lay.plan, directory, want=want)
-    ram = ram_from_bytes(lay.plan, lay.store.read(RAM_ENTRY))
-    return _state(lay.store.version, [np.asarray(x) for x in ram])
+    updater = _updater(tx)
+    updater.copy_in(lay.txn, lay.plan, directory, want=want)
+    return _state(lay.store.version, updater.read_ram(lay.plan, lay.store))
 
 
 def fuyou_resident(params):

@@ -18,7 +18,6 @@ from jaxoff.aio import PageStoreError
 from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
 from jaxoff.optim import PagedTransformation
 from jaxoff.optim.chunks import (
-    RAM_ENTRY,
     ChunkUpdater,
     PageTransaction,
     Plan,
@@ -187,7 +186,8 @@ def _layout(tx, params, page_params: bool = False, read_ahead_bytes=None) -> _La
         for leaf in pleaves:
             for layer in range(num_layers):
                 entries[f"{fp.entry_name(leaf.name)}@{layer}"] = (leaf.shape[1:], leaf.dtype)
-        entries[RAM_ENTRY] = ((plan.ram_nbytes,), np.dtype(np.uint8))
+        name, spec = plan.ram_entry()  # the RAM leaves' bytes, last
+        entries[name] = spec
         store = updater.store
         if store is not None and list(store.entries) != list(entries):
             raise PageStoreError(

@@ -16,7 +16,7 @@ from flax import nnx
 from jax import lax
 
 from jaxoff._errors import ConfigError
-from jaxoff.optim.chunks import RAM_ENTRY, ChunkUpdater, Plan, StepRecorder, ram_bytes
+from jaxoff.optim.chunks import ChunkUpdater, Plan, StepRecorder
 from jaxoff.step import TrainState, cross_entropy
 
 from . import _params as fp
@@ -323,6 +323,6 @@ def _tail_update(ctx: StepContext, grads, new_leaves):
 def _commit(ctx: StepContext, new_ram) -> jax.Array:
     """Puts the RAM leaves and ends the step (the pager commits it once its writes are
     durable): the new version."""
-    ctx.rec.put(lambda env: (RAM_ENTRY, 0), ram_bytes(ctx.plan, new_ram))
+    ctx.opts.updater.put_ram(ctx.rec, ctx.plan, new_ram)
     ctx.rec.commit()
     return ctx.opt.version + 1
