@@ -70,6 +70,15 @@ def _b(params: int) -> str:
     return f"{params / 1e9:.3f}B"
 
 
+FORMER_LOOP = "measured by the bench's former own loop, not `jaxoff train`"
+
+
+def _through(rec: dict, what: str) -> str:
+    """``what``, saying so when the record was not a ``jaxoff train`` run: capacity probes
+    before every probe ran through the trainer (``via`` absent) ran in the bench's own loop."""
+    return what if rec.get("via") == "train" else f"{what}; {FORMER_LOOP}"
+
+
 def _capacity() -> list[Figure]:
     plain_rel, fuyou_rel = "capacity/plain_10steps.json", "capacity/fuyou_10steps.json"
     nvme_rel = "capacity/fuyou_nvme_lr1e-6.json"
@@ -85,53 +94,70 @@ def _capacity() -> list[Figure]:
     val = trained["val_losses"]
     x = lambda r: f"{r['params'] / plain['params']:.2f}×"  # noqa: E731
     rss = lambda r: f"{r['peak_rss'] / GIB:.2f} GiB"  # noqa: E731
+    # a headline is a record of jaxoff: a `jaxoff train` run (STYLE.md, "the product
+    # produces the headline"); the others stay on the figures page
+    trainer = lambda r, line: line if r.get("via") == "train" else None  # noqa: E731
     return [
         Figure(
             "capacity",
-            "plain flax + optax AdamW, fp32, all in RAM",
+            _through(plain, "plain flax + optax AdamW, fp32, all in RAM"),
             f"{_b(plain['params'])} ({plain['num_layers']} layers) in {rss(plain)} peak RSS; "
             f"{plain['num_layers'] + 1} layers: {above['why'] if above else 'not tried'}",
             (plain_rel,),
         ),
         Figure(
             "capacity",
-            "`jaxoff train --strategy fuyou --paged-checkpoint store`: AdamW state (fp32 "
-            "masters + moments) on SSD, bf16 parameters in RAM, 10 steps ending on a checkpoint",
+            _through(
+                trained,
+                "`jaxoff train --strategy fuyou --paged-checkpoint store`: AdamW state (fp32 "
+                "masters + moments) on SSD, bf16 parameters in RAM, 10 steps ending on a "
+                "checkpoint",
+            ),
             f"{_b(trained['params'])} ({trained['num_layers']} layers), {x(trained)} plain, "
             f"{rss(trained)} peak RSS, validation loss {val[0]:.3f} → {val[-1]:.3f}; "
             f"{trained['num_layers'] + 1} layers: {over['why'] if over else 'not tried'}",
             (train_rel, plain_rel),
-            f"Largest GPT `jaxoff train` trains in 24 GiB RAM | **{_b(trained['params'])}**, "
-            f"**{x(trained)}** plain optax",
+            trainer(
+                trained,
+                f"Largest GPT `jaxoff train` trains in 24 GiB RAM | **{_b(trained['params'])}**, "
+                f"**{x(trained)}** plain optax",
+            ),
         ),
         Figure(
             "capacity",
-            "the same step in the bench's own loop (no checkpoint; 84.6 GB of disk free then)",
+            _through(fuyou, "the same step, no checkpoint, 84.6 GB of disk free then"),
             f"{_b(fuyou['params'])} ({fuyou['num_layers']} layers), {x(fuyou)} plain, "
             f"{rss(fuyou)} peak RSS = {fuyou['rss_over_state']:.3f} of the training state",
             (fuyou_rel, plain_rel),
         ),
         Figure(
             "capacity",
-            "Fuyou step with the block parameters paged too (`fuyou-nvme`)",
+            _through(nvme, "Fuyou step with the block parameters paged too (`fuyou-nvme`)"),
             f"{_b(nvme['params'])} ({nvme['num_layers']} layers), {x(nvme)} plain, "
             f"{rss(nvme)} peak RSS = {nvme['rss_over_state']:.3f} of the training state",
             (nvme_rel, plain_rel),
         ),
         Figure(
             "capacity",
-            "sequential paged AdamW (`jaxoff train`'s step), XLA's default compile",
+            _through(paged, "sequential paged AdamW, XLA's default compile"),
             f"{_b(paged['params'])} ({paged['num_layers']} layers; the next size up in "
             f"`{paged_up}`), {x(paged)} plain, {rss(paged)} peak RSS",
             (paged_rel, paged_up, plain_rel),
         ),
         Figure(
             "capacity",
-            "sequential paged AdamW compiled with `jaxoff.compiler_options`",
+            _through(
+                opt,
+                "sequential paged AdamW compiled with `jaxoff.compiler_options`, as `jaxoff "
+                "train` does",
+            ),
             f"{_b(opt['params'])} ({opt['num_layers']} layers), ≥ {x(opt)} plain (a lower bound: "
             f"{opt['num_layers'] + 1} layers not run), {rss(opt)} peak RSS",
             (opt_rel, plain_rel),
-            f"`jaxoff train`'s paged step, same rule | {_b(opt['params'])}, ≥ {x(opt)} plain",
+            trainer(
+                opt,
+                f"`jaxoff train`'s paged step, same rule | {_b(opt['params'])}, ≥ {x(opt)} plain",
+            ),
         ),
     ]
 
@@ -175,15 +201,19 @@ def _bounds() -> list[Figure]:
     med_b1 = [f"fuyou/medium_b1{s}.json" for s in ("", "_run2", "_run3")]
     med_r = [load(r)["summary"]["fuyou_over_bound"] for r in med_b1]
     paged = load("paged_step/mini.json")["summary"]
+    big = load(runs[0])["summary"]["capacity"]
     return [
         Figure(
             "bounds",
-            "Fuyou step / max(compute-only, pure I/O), 132 layers at d = 2048 (6.65B, 79.8 GB of "
-            "state read and written a step)",
+            f"Fuyou step / max(compute-only, pure I/O), {big['layers']} layers at d = 2048 "
+            f"({_b(big['params'])}, {big['pure_io_read_gb']:.1f} GB of state read and written "
+            f"a step), in the instrumented loop that was `bench/capacity.py`'s (now "
+            "`bench/_common/step_loop.py`), not `jaxoff train`",
             f"median **{med:.3f}** of {len(runs)} runs ({each})",
             tuple(runs),
-            f"Fuyou's step / max(compute-only, pure I/O), same size | median "
-            f"**{med:.3f}×** ({min(ratios):.2f}–{max(ratios):.2f})",
+            # the size is the figure's page's; a README row holds 200 characters
+            f"Fuyou step / max(compute-only, pure I/O), bench loop | median **{med:.3f}×** "
+            f"({min(ratios):.2f}–{max(ratios):.2f})",
         ),
         Figure(
             "bounds",
@@ -365,10 +395,14 @@ SECTIONS: dict[str, tuple[str, str, Callable[[], list[Figure]]]] = {
     "capacity": (
         "Capacity: the largest GPT that trains in 24 GiB",
         "`bench/capacity.py`: GPT-2 shapes at d_model 2048 (one layer = 50.4M parameters), batch "
-        "1 × 128, full remat, each probe a child process with a memory watchdog. A size *fits* "
-        "when it trains 10 steps on the embedded corpus and its loss falls: the second pass "
-        "over 5 fixed windows has a lower mean than the first. A record is a bracket: the next "
-        "size up ran out of memory or of disk. Needs 24 GiB RAM, up to 85 GB free disk, hours.",
+        "1 × 128, full remat, each probe a `jaxoff train` run in a child process with a memory "
+        "watchdog; rows that say so were measured by the bench's former own loop, before every "
+        "probe ran through the trainer. A size *fits* when it trains 10 steps on the embedded "
+        "corpus and its loss falls: in a `jaxoff train` probe the validation loss at the end is "
+        "below the one at step 5 and the last five steps' mean loss below the first five's; in "
+        "the former loop, the second pass over 5 fixed windows has a lower mean than the first. "
+        "A record is a bracket: the next size up ran out of memory or of disk. Needs 24 GiB "
+        "RAM, up to 85 GB free disk, hours.",
         _capacity,
     ),
     "pretrained": (
