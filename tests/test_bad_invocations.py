@@ -207,6 +207,12 @@ CASES = [
     (["compare", "--model", "tiny", "--strategies", "no_such"], ["no_such"]),
     (["compare", "--model", "tiny", "--placements", "nowhere"], ["nowhere"]),
     (["compare", "--model", "tiny", "--batch", "0"], ["--batch-size must be at least 1"]),
+    (["compare", "--model", "tiny", "--grad-accum", "0"], ["--grad-accum must be at least 1"]),
+    (
+        ["compare", "--model", "tiny", "--policies", "full", "--grad-accum", "2"]
+        + ["--placements", "host_params_stream1"],
+        ["--grad-accum 2 with --placements host_params_stream1"],
+    ),
     (["compare", "--model", "tiny", "--seq", "4096"], ["--seq-len 4096 exceeds"]),
     (
         ["compare", "--model", "tiny", "--strategies", "all", "--device-mem", "lots"],
@@ -231,6 +237,7 @@ CASES = [
     (["plan", "--model", "tiny", "--device-mem", "-1GiB"], ["'-1GiB' is not a size"]),
     (["plan", "--model", "tiny", "--dtype", "int8"], ["--dtype must be one of"]),
     (["plan", "--model", "tiny", "--batch", "0"], ["--batch-size must be at least 1"]),
+    (["plan", "--model", "tiny", "--grad-accum", "-1"], ["--grad-accum must be at least 1"]),
     (
         ["plan", "--model", "tiny", "--io-bench", "no_bench.jsonl"],
         ["--io-bench no_bench.jsonl", "no such file"],

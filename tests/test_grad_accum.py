@@ -6,12 +6,13 @@ The reference (:func:`reference_run`) is written here in JAX and optax: the step
 N x B rows (the trainer's data at ``--batch-size N*B``), micro-batch n its rows n, n + N,
 n + 2N, ...; ``jax.value_and_grad`` of the model's loss jitted per micro-batch in a Python
 loop, each micro-batch's gradients added in order to a float32 accumulator that starts at
-zero (a jitted add), then one jitted program: the mean (sum / N, cast to the parameters'
-dtype), its global norm, and the optimizer, which is applied the way the trainer's step
-applies it (``docs/guide/optimizer.md#equivalence-with-optax``): the whole tree in one
-optax update with ``--store none``; with a page store, clipping on the whole tree, then
-optax leaf by leaf on the materialised gradients, as ``jaxoff.paged`` computes it (the
-equivalence tests' reference, ``tests/test_paged.py``).
+zero (a jitted add); then the mean (sum / N, cast to the parameters' dtype), its global
+norm, and the optimizer, applied the way the trainer's step applies it
+(``docs/guide/optimizer.md#equivalence-with-optax``): with ``--store none`` all three in
+one jitted program, one optax update of the whole tree; with a page store, the mean and
+the clipping of the whole tree in one jitted program, then optax leaf by leaf on the
+materialised gradients, as ``jaxoff.paged`` computes it (the equivalence tests' reference,
+``tests/test_paged.py``).
 
 What decides the bits of an accumulated gradient: inside one program XLA folds
 ``acc + scatter-add(0, ids, rows)`` (the embedding's gradient) into ``scatter-add(acc, ids,
@@ -252,6 +253,32 @@ def test_a_model_with_state_carries_it_through_the_micro_batches():
     assert counts and all(int(c.max()) == 3 * N for c in counts)  # one draw per micro-batch
 
 
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        (dict(grad_accum=0), "--grad-accum must be at least 1 (micro-batches per optimizer step"),
+        (dict(grad_accum=-3), "--grad-accum must be at least 1"),
+        (
+            dict(grad_accum=4, fuyou=True, clip_norm=0.0),
+            "--grad-accum 4 does not apply to --strategy fuyou, which updates each layer inside "
+            "the backward pass",
+        ),
+        (
+            dict(grad_accum=2, policy="full", placement="host_params_stream1"),
+            "--grad-accum 2 with --placement host_params_stream1",
+        ),
+    ],
+    ids=["zero", "negative", "fuyou", "streamed"],
+)
+def test_bad_grad_accum_is_refused_in_one_line_before_anything_is_written(tmp_path, over, words):
+    """From Python as from the command line (``tests/test_bad_invocations.py``): one line
+    naming the option, raised at validation, the run directory never made."""
+    with pytest.raises(ConfigError) as e:
+        train(_config(tmp_path / "run", **over))
+    assert "\n" not in str(e.value) and words in str(e.value), str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
 # the pager's counters of one step, once its writes and commit are done (times left out)
 COUNTERS = (
     "steps_begun", "version_checks", "takes", "puts", "reads_done", "read_bytes",
@@ -385,3 +412,138 @@ def test_a_resume_with_another_grad_accum_is_refused_in_one_line(tmp_path, capsy
     with pytest.raises(ConfigError, match="started with --grad-accum 1"):
         train(dataclasses.replace(old, grad_accum=2, steps=3, resume=True))
     assert train(dataclasses.replace(old, steps=3, resume=True)).first_step == 2
+
+
+# --- what plan and compare report: the compiled accumulating step ---------------------------
+
+SEQ = 32
+
+
+def _grad_tree_bytes(model_cfg) -> int:
+    """Bytes of one float32 gradient tree of ``model_cfg`` (the accumulator's size)."""
+    from jaxoff.step import abstract_state, optimizer
+
+    _, state = abstract_state(model_cfg, optimizer())
+    return sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+
+
+def _temp(model_cfg, grad_accum: int) -> int:
+    from jaxoff.plan._profile import temp_bytes
+    from jaxoff.step import compile_step
+
+    return temp_bytes(compile_step(model_cfg, B, SEQ, grad_accum=grad_accum)[0])
+
+
+def _about_one_gradient_tree(extra: int, grads: int) -> bool:
+    """``extra`` bytes are one gradient tree, within what XLA's buffer sharing moves."""
+    return 0.9 * grads <= extra <= 1.5 * grads
+
+
+@pytest.fixture(scope="module")
+def tiny_temps():
+    """``(grad tree bytes, {grad_accum: temp bytes})`` of tiny's compiled train step."""
+    from jaxoff.nn import load_model
+
+    model = load_model("tiny")
+    return _grad_tree_bytes(model), {n: _temp(model, n) for n in (1, N)}
+
+
+def test_the_accumulating_step_holds_one_more_gradient_tree(tiny_temps):
+    """``memory_analysis()`` of the compiled step: at the same micro-batch, the step over 4
+    micro-batches has about one float32 gradient tree more temporaries (the accumulator)
+    than the plain step; the activations are one micro-batch's."""
+    grads, temps = tiny_temps
+    assert _about_one_gradient_tree(temps[N] - temps[1], grads), (temps, grads)
+
+
+def test_plan_counts_the_accumulator(tmp_path, tiny_temps):
+    """``jaxoff plan --grad-accum 4``: the profile's workspace is calibrated on the
+    accumulating step, the priced device temporaries of a plan are the compiled
+    accumulating step's own, and the plan file says how many micro-batches it is for
+    (``jaxoff train --plan`` with another --grad-accum is refused)."""
+    from jaxoff.models.gpt import RESIDUAL_NAMES
+    from jaxoff.nn import load_model
+    from jaxoff.plan import Plan, Pricer, load_plan, preset, profile
+    from jaxoff.plan._profile import temp_bytes, with_policy
+    from jaxoff.step import compile_step
+
+    grads, temps = tiny_temps
+    model = load_model("tiny")
+    profiles = {n: profile(model, B, SEQ, model="tiny", grad_accum=n) for n in (1, N)}
+    extra = profiles[N].workspace_bytes - profiles[1].workspace_bytes
+    assert _about_one_gradient_tree(extra, grads), (extra, grads)
+    actions = {n: "remat" for n in RESIDUAL_NAMES} | {"mlp_up": "device"}
+    plan = Plan.from_actions(profiles[N], actions)
+    priced = Pricer(profiles[N], model).price(preset("rtx4090"), plan)
+    compiled = compile_step(with_policy(model, dict(plan.actions)), B, SEQ, grad_accum=N)[0]
+    assert priced.device_temp_bytes == temp_bytes(compiled)
+
+    from jaxoff.cli import main
+
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "tiny", "--hardware", "rtx4090", "--batch", str(B)]
+    argv += ["--seq", str(SEQ), "--grad-accum", str(N), "--no-price", "--out", str(out)]
+    assert main(argv) == 0
+    assert load_plan(out).grad_accum == N
+    run = dict(model="tiny", batch_size=B, seq_len=SEQ, plan=out, out_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match="made for --grad-accum 4, not 1"):
+        TrainConfig(**run).validate()
+    assert not (tmp_path / "run").exists()
+    assert TrainConfig(**run, grad_accum=N).validate().policy == load_plan(out).policy_spec()
+
+
+def test_compare_measures_the_accumulating_step(tmp_path, tiny_temps):
+    """``jaxoff compare --grad-accum 4``: each policy's temporaries are the compiled
+    accumulating step's (a gradient tree above the plain step's), its FLOPs all four
+    micro-batches'; under --strategies, Fuyou and the streamed strategies are listed as not
+    run, the others measured on the accumulating step."""
+    from jaxoff.compare import CompareConfig, compare
+    from jaxoff.compare._measure import measure_policy
+    from jaxoff.compare._strategies import measure_strategy
+    from jaxoff.strategies import Context, build_recipe
+
+    grads, temps = tiny_temps
+    rows = compare(
+        CompareConfig(
+            model="tiny",
+            policies="none",
+            batch_size=B,
+            seq_len=SEQ,
+            steps=1,
+            warmup=0,
+            isolate=False,
+            grad_accum=N,
+            out_dir=tmp_path / "cmp",
+        )
+    )
+    assert rows[0]["temp_bytes"] == temps[N]
+    plain = measure_policy("tiny", "none", B, SEQ, 1, 0)
+    assert _about_one_gradient_tree(rows[0]["temp_bytes"] - plain["temp_bytes"], grads)
+    # four micro-batches of forward and backward, one update (a small share of the FLOPs)
+    assert rows[0]["flops"] == pytest.approx(N * plain["flops"], rel=0.05)
+    meta = json.loads((tmp_path / "cmp" / "compare.json").read_text())["meta"]
+    assert meta["grad_accum"] == N
+
+    from jaxoff.nn import load_model
+
+    recipe = build_recipe("megatron_selective", Context(load_model("tiny"), B, SEQ)).to_json()
+    kw = dict(model="tiny", name="megatron_selective", recipe=recipe, batch=B, seq=SEQ)
+    kw |= dict(steps=1, warmup=0, store_root=str(tmp_path / "stores"))
+    one, accum = measure_strategy(**kw), measure_strategy(**kw, grad_accum=N)
+    assert one["status"] == accum["status"] == "ok"
+    assert _about_one_gradient_tree(accum["temp_bytes"] - one["temp_bytes"], grads)
+    rows = compare(
+        CompareConfig(
+            model="tiny",
+            strategies="fuyou,l2l",
+            batch_size=B,
+            seq_len=SEQ,
+            steps=1,
+            warmup=0,
+            isolate=False,
+            grad_accum=N,
+            out_dir=tmp_path / "strategies",
+        )
+    )
+    assert [r["strategy"] for r in rows] == ["fuyou", "l2l"]
+    assert all(r["status"].startswith(f"not run with --grad-accum {N}") for r in rows)

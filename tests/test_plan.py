@@ -197,9 +197,10 @@ def test_plan_defaults_are_trains():
     from jaxoff.train import TrainConfig
 
     plan, train = PlanConfig(), TrainConfig()
-    assert (plan.model, plan.batch_size, plan.seq_len) == (
+    assert (plan.model, plan.batch_size, plan.grad_accum, plan.seq_len) == (
         train.model,
         train.batch_size,
+        train.grad_accum,
         train.seq_len,
     )
 

@@ -23,8 +23,12 @@ class CompareConfig:
         policies: comma-separated presets or a JAX policy name; a custom
             ``name=action`` policy is one entry with ``;`` between its pairs
             (``"none,attn_probs=remat;*=device"``) or a ``.toml`` file.
-        batch_size: sequences per step.
-        seq_len: tokens per sequence.
+        batch_size: sequences per step, per micro-batch with --grad-accum.
+        grad_accum: micro-batches per optimizer step (``jaxoff train --grad-accum``): each
+            step measured is the accumulating one, its float32 gradient accumulator among
+            its temporaries and its FLOPs those of all its micro-batches. Not with streamed
+            placements; under --strategies, the strategies that stream their parameters or
+            update in the backward pass are listed as not run.
         steps: timed steps per policy (after warm-up); the median is reported.
         warmup: untimed steps before timing (the first one includes nothing to compile:
             the step is compiled ahead of time).
@@ -49,6 +53,7 @@ class CompareConfig:
     model: str = "tiny"
     policies: str = DEFAULT_POLICIES
     batch_size: Annotated[int, tyro.conf.arg(aliases=("--batch",))] = 8
+    grad_accum: int = 1
     seq_len: Annotated[int, tyro.conf.arg(aliases=("--seq",))] = 128
     steps: int = 5
     warmup: int = 2
@@ -97,9 +102,11 @@ class CompareConfig:
         from ..policy import JAX_POLICIES, get_policy
 
         model = load_model(self.model)  # raises ConfigError naming what is wrong
-        for name in ("batch_size", "seq_len", "steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("batch_size", "grad_accum", "seq_len", "steps"):
+            if not getattr(self, name) >= 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
+                )
         if self.warmup < 0:
             raise ConfigError("--warmup must be 0 or more")
         if self.seq_len > model.max_seq_len:
@@ -120,7 +127,12 @@ class CompareConfig:
         from ..placement import get_placement
 
         for pl in self.placement_list():
-            get_placement(pl)  # raises ConfigError listing the valid names
+            if get_placement(pl).streams and self.grad_accum > 1:  # ConfigError: bad names
+                raise ConfigError(
+                    f"--grad-accum {self.grad_accum} with --placements {pl}: streamed layers' "
+                    f"gradients are not accumulated (jaxoff train refuses it too); leave "
+                    f"{pl} out or --grad-accum at 1"
+                )
         if not self.runs():
             raise ConfigError(
                 "--placements: streaming placements run with the full policy only; "

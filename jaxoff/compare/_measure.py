@@ -144,9 +144,11 @@ def measure_policy(
     warmup: int,
     seed: int = 0,
     placement: str = "device",
+    grad_accum: int = 1,
 ) -> dict:
     """Every figure of one policy under one placement, as a JSON-able dict
-    (see ``_report.COLUMNS``)."""
+    (see ``_report.COLUMNS``); ``grad_accum`` > 1: of the step over that many micro-batches
+    of ``batch`` rows (``jaxoff train --grad-accum``), its accumulator in ``temp_bytes``."""
     from ..placement import bytes_by_kind, check_placement, streamed_model
     from ..step import init_state, make_train_step
 
@@ -154,24 +156,28 @@ def measure_policy(
     check_placement(placement, cfg, policy=spec)
     plan = segment_plan(cfg, batch, seq)
     t0 = time.perf_counter()
-    compiled, _, abstract = compile_step(cfg, batch, seq, placement)
+    compiled, _, abstract = compile_step(cfg, batch, seq, placement, grad_accum)
     cfg = streamed_model(cfg, placement)
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
-    tok = _tokens(batch, seq)
+    rows = grad_accum * batch  # the step's rows, every micro-batch
+    tok = _tokens(rows, seq)
     from ..step import abstract_state
 
     graphdef, _ = abstract_state(cfg, optimizer())
-    jaxpr = jax.make_jaxpr(make_train_step(graphdef, optimizer(), placement))(abstract, tok, tok)
+    step_fn = make_train_step(graphdef, optimizer(), placement, grad_accum)
+    jaxpr = jax.make_jaxpr(step_fn)(abstract, tok, tok)
     # a streamed step does `full`'s arithmetic (bitwise-equal results), but its custom-VJP
-    # loops ignore scan_unroll, which the FLOP probe relies on: count the unstreamed step
-    flops = step_flops(model_config(model, spec), batch, seq)
+    # loops ignore scan_unroll, which the FLOP probe relies on: count the unstreamed step.
+    # XLA counts the micro-batch loop's body once too: the FLOPs of N micro-batches of B
+    # rows are those of one batch of N x B (less the accumulator's N adds per parameter).
+    flops = step_flops(model_config(model, spec), rows, seq)
     state_kinds = bytes_by_kind(abstract, jax.tree.map(lambda s: s.sharding, abstract))
 
     _, state = init_state(cfg, optimizer(), seed)
     state = jax.device_put(state, jax.tree.map(lambda s: s.sharding, abstract))
     key = jax.random.key(seed)
-    tokens = jax.random.randint(key, (batch, seq + 1), 0, 256, dtype=jnp.int32)
+    tokens = jax.random.randint(key, (rows, seq + 1), 0, 256, dtype=jnp.int32)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     times = []
     for i in range(warmup + steps):
@@ -224,6 +230,7 @@ def measure_isolated(
     seed: int = 0,
     timeout: float = 1800,
     placement: str = "device",
+    grad_accum: int = 1,
 ) -> dict:
     """:func:`measure_policy` in a fresh Python process (its own peak RSS)."""
     args = json.dumps(
@@ -236,6 +243,7 @@ def measure_isolated(
             warmup=warmup,
             seed=seed,
             placement=placement,
+            grad_accum=grad_accum,
         )
     )
     proc = subprocess.run(

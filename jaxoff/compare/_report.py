@@ -108,14 +108,16 @@ def write_json(rows: list[dict], meta: dict, path: Path, key: str = "policies", 
 
 def title(meta: dict, strategies: bool = False) -> str:
     """The title of the table and the plot, from compare.json's ``meta``."""
+    n = meta.get("grad_accum", 1)
+    batch = f"{meta['batch_size']}" + (f" x {n} micro-batches" if n > 1 else "")
     if not strategies:
         return (
-            f"jaxoff compare: model {meta['model']}, batch {meta['batch_size']}, seq "
+            f"jaxoff compare: model {meta['model']}, batch {batch}, seq "
             f"{meta['seq_len']}, {meta['steps']} timed steps"
         )
     budget = meta.get("device_mem")
     return (
-        f"jaxoff compare --strategies: model {meta['model']}, batch {meta['batch_size']}, seq "
+        f"jaxoff compare --strategies: model {meta['model']}, batch {batch}, seq "
         f"{meta['seq_len']}, device budget "
         f"{'none' if budget is None else f'{budget / MiB:,.0f} MiB'}, "
         f"{meta['steps']} timed steps"

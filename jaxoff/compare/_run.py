@@ -30,7 +30,7 @@ def _placement_export_ok(cfg: CompareConfig, row: dict) -> bool:
 
 def _meta(cfg: CompareConfig, **extra) -> dict:
     """What every compare.json records about the run, then ``extra``."""
-    keys = ("model", "batch_size", "seq_len", "steps", "warmup", "isolate")
+    keys = ("model", "batch_size", "grad_accum", "seq_len", "steps", "warmup", "isolate")
     return {**{k: getattr(cfg, k) for k in keys}, **extra}
 
 
@@ -84,15 +84,17 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
                     cfg.warmup,
                     cfg.seed,
                     placement=placement,
+                    grad_accum=cfg.grad_accum,
                 )
             )
             progress.advance(task)
         progress.update(task, description="baseline FLOPs (none)")
         base = [r["flops"] for r in rows if r["policy"] == "none" and r["placement"] == "device"]
+        rows_per_step = cfg.grad_accum * cfg.batch_size  # FLOPs: see measure_policy
         baseline = (
             base[0]
             if base
-            else step_flops(model_config(cfg.model, "none"), cfg.batch_size, cfg.seq_len)
+            else step_flops(model_config(cfg.model, "none"), rows_per_step, cfg.seq_len)
         )
         progress.advance(task)
         if cfg.check_export:
@@ -160,7 +162,9 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
     with _progress(console) as progress:
         task = TaskID(progress.add_task("compare", total=len(names) + 1))
         progress.update(task, description="baseline FLOPs (none)")
-        baseline = baseline_flops(model_config(cfg.model, "none"), cfg.batch_size, cfg.seq_len)
+        baseline = baseline_flops(
+            model_config(cfg.model, "none"), cfg.grad_accum * cfg.batch_size, cfg.seq_len
+        )
         progress.advance(task)
         measured, skipped = strategy_rows(cfg, console, progress, task)
         progress.update(task, description="done")

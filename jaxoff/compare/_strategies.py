@@ -169,9 +169,12 @@ def measure_strategy(
     device_mem: float | None = None,
     store_root: str | None = None,
     check_export: bool = False,
+    grad_accum: int = 1,
 ) -> dict:
     """Compiles the strategy's step; unless it needs more device memory than
-    ``device_mem``, runs it and returns every figure (see ``_report.STRATEGY_COLUMNS``)."""
+    ``device_mem``, runs it and returns every figure (see ``_report.STRATEGY_COLUMNS``).
+    ``grad_accum`` > 1: the step over that many micro-batches of ``batch`` rows, its
+    accumulator among its temporaries (offloaded activations: one micro-batch's)."""
     import psutil
 
     from ..nn import load_model
@@ -190,9 +193,12 @@ def measure_strategy(
     store = Path(store_root or "runs/compare/stores") / name
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.perf_counter()
-    prep = prepare(plan, load_model(model), optimizer(), store_dir=store, seed=seed)
+    prep = prepare(
+        plan, load_model(model), optimizer(), store_dir=store, seed=seed, grad_accum=grad_accum
+    )
+    rows = grad_accum * batch  # the step's rows, every micro-batch
     try:
-        tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+        tok = jax.ShapeDtypeStruct((rows, seq), jnp.int32)
         compiled = prep.step.lower(prep.state, tok, tok).compile()
         row["compile_s"] = time.perf_counter() - t0
         mem = compiled.memory_analysis()
@@ -223,7 +229,7 @@ def measure_strategy(
             )
             return row
         key = jax.random.key(seed)
-        tokens = jax.random.randint(key, (batch, seq + 1), 0, 256, dtype=jnp.int32)
+        tokens = jax.random.randint(key, (rows, seq + 1), 0, 256, dtype=jnp.int32)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         state, times, io = prep.state, [], []
         proc = psutil.Process()
@@ -266,14 +272,27 @@ def measure_strategy_isolated(timeout: float = 1800, **kw) -> dict:
     return json.loads(lines[-1])
 
 
+_NO_ACCUM = (
+    "not run with --grad-accum {n}: it updates inside the backward pass or streams its "
+    "parameters, whose gradients jaxoff does not accumulate (jaxoff train refuses it too)"
+)
+
+
 def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]:
     """``(measured rows, rows not run)`` of ``cfg.strategy_list()``."""
     from ..nn import load_model
     from ..strategies import Context, StrategyUnavailable, build_recipe
+    from ..strategies._build import accumulates
 
     budget = cfg.device_mem_bytes()
     ctx = Context(
-        load_model(cfg.model), cfg.batch_size, cfg.seq_len, budget, cfg.hardware, cfg.model
+        load_model(cfg.model),
+        cfg.batch_size,
+        cfg.seq_len,
+        budget,
+        cfg.hardware,
+        cfg.model,
+        cfg.grad_accum,
     )
     measured, skipped = [], []
     for name in cfg.strategy_list():
@@ -286,6 +305,10 @@ def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]
             continue
         except JaxoffError as e:  # InfeasibleError and other ConfigErrors
             skipped.append({"strategy": name, "status": f"does not fit: {e}"})
+            progress.advance(task)
+            continue
+        if cfg.grad_accum > 1 and not accumulates(recipe):
+            skipped.append({"strategy": name, "status": _NO_ACCUM.format(n=cfg.grad_accum)})
             progress.advance(task)
             continue
         progress.update(task, description=f"compile + run {name}")
@@ -301,6 +324,7 @@ def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]
             device_mem=budget,
             store_root=str(Path(cfg.out_dir) / "stores"),
             check_export=cfg.check_export,
+            grad_accum=cfg.grad_accum,
         )
         try:
             row = (measure_strategy_isolated if cfg.isolate else measure_strategy)(**kw)

@@ -24,10 +24,12 @@ def profile(
     *,
     model: str = "custom",
     calibrate: bool = True,
+    grad_accum: int = 1,
 ) -> Profile:
     """Profiles ``model_cfg`` (a :class:`jaxoff.nn.LayeredModel`) at ``batch x seq`` tokens:
     :func:`~jaxoff.plan._profile.trace_profile`, then, with ``calibrate``,
-    :func:`calibrate_workspace` (two compiles of the scanned step).
+    :func:`calibrate_workspace` (two compiles of the scanned step). ``grad_accum``:
+    micro-batches of ``batch`` rows per step (the workspace then holds the accumulator).
 
     Example:
         >>> from jaxoff.models.gpt import CONFIGS
@@ -36,7 +38,7 @@ def profile(
         >>> p.name("mlp_up").bytes  # [2, 16, 512] float32
         65536
     """
-    prof = trace_profile(model_cfg, batch, seq, model=model)
+    prof = trace_profile(model_cfg, batch, seq, model=model, grad_accum=grad_accum)
     return calibrate_workspace(prof, model_cfg) if calibrate else prof
 
 
@@ -61,7 +63,8 @@ def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
     found = {}
     for action in ("device", "remat"):
         actions = dict.fromkeys(RESIDUAL_NAMES, action)
-        compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
+        cfg = with_policy(model_cfg, actions)
+        compiled = compile_step(cfg, prof.batch, prof.seq, grad_accum=prof.grad_accum)[0]
         plan = Plan.from_actions(prof, actions)
         dev, host = residual_split(prof, plan)
         needed, recomputed = needed_and_recomputed(prof, plan)

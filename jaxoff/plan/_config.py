@@ -50,7 +50,13 @@ class PlanConfig:
         device_mem: device memory budget (e.g. 16GiB); default: the hardware's.
         host_mem: host memory budget; default: the hardware's.
         disk: NVMe budget for page files; default: the hardware's.
-        batch_size: sequences per step (default: ``jaxoff train``'s).
+        batch_size: sequences per step, per micro-batch with --grad-accum (default: that
+            of ``jaxoff train``).
+        grad_accum: micro-batches per optimizer step (``jaxoff train --grad-accum``): the
+            residuals are one micro-batch's, the device memory includes the float32
+            gradient accumulator (measured on the accumulating step), recomputation and
+            offload traffic count once per micro-batch; the parameters stay on the device
+            (streamed and Fuyou-paged parameters do not accumulate).
         seq_len: tokens per sequence (default: ``jaxoff train``'s).
         dtype: compute and parameter dtype (float32 or bfloat16).
         io_bench: JSON lines from ``jaxoff io-bench --json FILE`` for disk speeds (with
@@ -73,6 +79,7 @@ class PlanConfig:
     host_mem: str | None = None
     disk: str | None = None
     batch_size: Annotated[int, tyro.conf.arg(aliases=("--batch",))] = _TRAIN["batch_size"]
+    grad_accum: int = _TRAIN["grad_accum"]
     seq_len: Annotated[int, tyro.conf.arg(aliases=("--seq",))] = _TRAIN["seq_len"]
     dtype: str = "float32"
     io_bench: Path | None = None
@@ -92,9 +99,11 @@ class PlanConfig:
             raise ConfigError(
                 f"--hardware {self.hardware!r}: choose a preset ({', '.join(PRESETS)}) or cpu"
             )
-        for name in ("batch_size", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("batch_size", "grad_accum", "seq_len"):
+            if not getattr(self, name) >= 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
+                )
         if self.seq_len > model.max_seq_len:
             raise ConfigError(
                 f"--seq-len {self.seq_len} exceeds model {self.model}'s max_seq_len "
@@ -160,8 +169,13 @@ def make_plan(cfg: PlanConfig, console=None):
     presets = compared_presets()
     # a line per part in a log (a spinner at a terminal): profile, MILP, greedy, each preset
     steps = _output.Steps("plan", 3 + len(presets), console)
-    with steps.step(f"profiling {cfg.model} at batch {cfg.batch_size} x seq {cfg.seq_len}"):
-        prof = trace_profile(model_cfg, cfg.batch_size, cfg.seq_len, model=cfg.model)
+    shape = f"batch {cfg.batch_size} x seq {cfg.seq_len}" + (
+        f" x {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else ""
+    )
+    with steps.step(f"profiling {cfg.model} at {shape}"):
+        prof = trace_profile(
+            model_cfg, cfg.batch_size, cfg.seq_len, model=cfg.model, grad_accum=cfg.grad_accum
+        )
         prof = calibrate_workspace(prof, model_cfg)  # two compiles: the workspace
     pricer = Pricer(prof, model_cfg) if cfg.price else None
 
@@ -217,11 +231,13 @@ def make_plan(cfg: PlanConfig, console=None):
             "plan": {"actions": dict(gplan.actions), "params": gplan.params, "opt": gplan.opt},
             "prediction": prediction_json(gpred),
         },
+        cfg.grad_accum,
     )
     path = pf.save(cfg.out, overwrite=cfg.overwrite)
+    accum = f" --grad-accum {cfg.grad_accum}" if cfg.grad_accum > 1 else ""
     console.print(
         f"plan written to {path}; run it with `jaxoff train --model {cfg.model} "
-        f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --plan {path}`"
+        f"--batch-size {cfg.batch_size}{accum} --seq-len {cfg.seq_len} --plan {path}`"
     )
     return pf
 

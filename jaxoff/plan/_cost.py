@@ -23,6 +23,12 @@ Model, per step (``L`` layers; per-name figures are per layer):
   of the three);
 * step time = compute (base + recompute) + link/disk time not hidden behind compute +
   optimizer update.
+
+With gradient accumulation (``Profile.grad_accum`` micro-batches a step, ``jaxoff train
+--grad-accum``) the per-name figures are one micro-batch's: recomputation and the
+offloaded residuals' traffic happen once per micro-batch, the optimizer update once per
+step; the float32 accumulator is in the workspace (measured on the accumulating step);
+and the parameters stay on the device (:func:`allowed_homes`).
 """
 
 from __future__ import annotations
@@ -80,6 +86,14 @@ class Prediction:
     @property
     def step_s(self) -> float:
         return self.compute_s + self.recompute_s + self.exposed_s + self.optimizer_s
+
+
+def allowed_homes(prof: Profile) -> tuple[tuple[str, str], ...]:
+    """The ``(params, opt)`` homes a plan of ``prof`` may choose: all nine, or with
+    gradient accumulation only those with the parameters on the device (the trainer
+    accumulates neither streamed parameters' gradients nor Fuyou's paged ones)."""
+    params = HOMES if prof.grad_accum == 1 else ("device",)
+    return tuple(itertools.product(params, HOMES))
 
 
 def needed_and_recomputed(prof: Profile, plan: Plan) -> tuple[set[str], set[str]]:
@@ -208,8 +222,9 @@ def evaluate(prof: Profile, hw: Hardware, plan: Plan, *, cpu_lowering: bool = Fa
             else:
                 host += tier
     compute = prof.base_flops / hw.flops
-    recompute = L * sum(prof.name(n).flops for n in recomputed) / hw.flops
-    link_bytes = 2 * res_host + home["link"]
+    micro = prof.grad_accum  # recompute and offload traffic: once per micro-batch
+    recompute = micro * L * sum(prof.name(n).flops for n in recomputed) / hw.flops
+    link_bytes = micro * 2 * res_host + home["link"]
     busy = max(link_bytes / hw.link, home["disk_s"])
     exposed = max(0.0, busy - compute - recompute)
     return Prediction(
@@ -249,7 +264,7 @@ def enumerate_plans(
 ) -> Iterator[Plan]:
     """Every plan (brute force; for tests on small cases)."""
     opts = choices(prof, allowed)
-    homes = homes or tuple(itertools.product(HOMES, HOMES))
+    homes = homes or allowed_homes(prof)
     for combo in itertools.product(*opts.values()):
         acts = dict(zip(opts, combo, strict=True))
         for params, opt in homes:

@@ -6,7 +6,7 @@ walks tensors from "keep" to "offload"/"remat" by benefit).
 
 from __future__ import annotations
 
-from ._cost import HOMES, Plan, Prediction, choices, evaluate, fits
+from ._cost import HOMES, Plan, Prediction, allowed_homes, choices, evaluate, fits
 from ._hardware import Hardware
 from ._profile import Profile
 
@@ -24,11 +24,13 @@ def _moves(prof: Profile, plan: Plan, allowed):
                 yield Plan(
                     tuple((k, a if k == n else v) for k, v in plan.actions), plan.params, plan.opt
                 )
+    homes = allowed_homes(prof)
     for field in ("params", "opt"):
         i = HOMES.index(getattr(plan, field))
         for home in HOMES[i + 1 :]:
             kw = {"params": plan.params, "opt": plan.opt, field: home}
-            yield Plan(plan.actions, **kw)
+            if (kw["params"], kw["opt"]) in homes:
+                yield Plan(plan.actions, **kw)
 
 
 def greedy(

@@ -41,6 +41,8 @@ class PlanFile:
         hardware: the budgets and speeds it was made for.
         prediction: the cost model's figures for the plan.
         baseline: the greedy plan's figures (or ``None`` if greedy found none).
+        grad_accum: micro-batches of ``batch`` rows per step it was made for
+            (``--grad-accum``; 1 in a file written before the option).
     """
 
     model: str
@@ -51,6 +53,7 @@ class PlanFile:
     hardware: dict
     prediction: dict
     baseline: dict | None = None
+    grad_accum: int = 1
 
     def policy(self):
         """The :class:`jaxoff.policy.Policy` of the plan's residual actions."""
@@ -70,6 +73,7 @@ class PlanFile:
             "model_config": self.model_config,
             "batch": self.batch,
             "seq": self.seq,
+            "grad_accum": self.grad_accum,
             "plan": {
                 "actions": dict(self.plan.actions),
                 "params": self.plan.params,
@@ -98,6 +102,7 @@ class PlanFile:
             d["hardware"],
             d["prediction"],
             d.get("baseline"),
+            d.get("grad_accum", 1),
         )
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
@@ -114,8 +119,15 @@ class PlanFile:
             raise
         return path
 
-    def check_model(self, model_cfg, batch: int | None = None, seq: int | None = None):
-        """Raises :class:`ConfigError` unless ``model_cfg`` is the model planned for."""
+    def check_model(
+        self,
+        model_cfg,
+        batch: int | None = None,
+        seq: int | None = None,
+        grad_accum: int | None = None,
+    ):
+        """Raises :class:`ConfigError` unless ``model_cfg`` is the model planned for (and
+        ``batch``, ``seq``, ``grad_accum`` the shape, where given)."""
         have = config_fingerprint(model_cfg)
         diff = {
             k: (self.model_config.get(k), have.get(k))
@@ -137,6 +149,12 @@ class PlanFile:
                 f"this plan was made for batch {self.batch} x seq {self.seq}, not "
                 f"{batch} x {seq}: activation memory depends on both; pass --batch-size "
                 f"{self.batch} --seq-len {self.seq} or plan again"
+            )
+        if grad_accum is not None and grad_accum != self.grad_accum:
+            raise ConfigError(
+                f"this plan was made for --grad-accum {self.grad_accum}, not {grad_accum}: "
+                f"the gradient accumulator's memory and the step's time depend on it; pass "
+                f"--grad-accum {self.grad_accum} or plan again with --grad-accum {grad_accum}"
             )
 
 
@@ -228,7 +246,7 @@ def apply_plan(cfg):
 
     pf = load_plan(cfg.plan)
     model_cfg = dataclasses.replace(cfg, plan=None, policy="none").model_config()
-    pf.check_model(model_cfg, cfg.batch_size, cfg.seq_len)
+    pf.check_model(model_cfg, cfg.batch_size, cfg.seq_len, cfg.grad_accum)
     changes, notes = train_homes(pf, cfg.store)
     for note in notes:
         print(f"jaxoff train --plan: {note}", file=sys.stderr)

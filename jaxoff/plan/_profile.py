@@ -56,7 +56,9 @@ class NameProfile:
 class Profile:
     """Everything the planner's cost model reads about a model at one batch shape.
 
-    Byte figures are per step; ``names`` are per layer.
+    Byte figures are per step; ``names`` are per layer (and per micro-batch with
+    ``grad_accum`` > 1: recomputation and offload traffic then happen ``grad_accum`` times
+    a step).
     """
 
     model: str
@@ -77,6 +79,10 @@ class Profile:
     input_bytes: int
     recompute_workspace: float = 0.0  # extra workspace per byte of one layer's recomputed names
     kept_widening: float = 1.0  # calibrating backend's device bytes per traced byte kept
+    # micro-batches per step (``--grad-accum``): ``batch`` is one micro-batch's rows, the
+    # per-name figures are one micro-batch's, and the workspace is measured on the
+    # accumulating step (its float32 gradient accumulator included)
+    grad_accum: int = 1
 
     def name(self, n: str) -> NameProfile:
         return {p.name: p for p in self.names}[n]
@@ -113,13 +119,13 @@ def _grad_jaxpr(model_cfg, batch: int, seq: int):
     return jax.make_jaxpr(jax.value_and_grad(make_loss_fn(graphdef)))(state.params, tok, tok)
 
 
-def _step_jaxpr(model_cfg, batch: int, seq: int):
+def _step_jaxpr(model_cfg, batch: int, seq: int, grad_accum: int = 1):
     from ..step import abstract_state, make_train_step, optimizer, tokens
 
     tx = optimizer()
     graphdef, state = abstract_state(model_cfg, tx)
-    tok = tokens(batch, seq)
-    return jax.make_jaxpr(make_train_step(graphdef, tx))(state, tok, tok)
+    tok = tokens(grad_accum * batch, seq)
+    return jax.make_jaxpr(make_train_step(graphdef, tx, grad_accum=grad_accum))(state, tok, tok)
 
 
 def names_policy(actions: dict[str, str], names=None):
@@ -148,11 +154,14 @@ def _tree_bytes(tree) -> int:
     return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def trace_profile(model_cfg, batch: int, seq: int, *, model: str = "custom") -> Profile:
+def trace_profile(
+    model_cfg, batch: int, seq: int, *, model: str = "custom", grad_accum: int = 1
+) -> Profile:
     """Profiles ``model_cfg`` (a :class:`jaxoff.nn.LayeredModel`) at ``batch x seq`` tokens
     from its traced step, without compiling it: the workspace stays 0 until
     :func:`jaxoff.plan._calibrate.calibrate_workspace` sets it (:func:`jaxoff.plan.profile`
-    does both).
+    does both). ``grad_accum``: micro-batches of ``batch`` rows per step (``jaxoff train
+    --grad-accum``): the names are one micro-batch's, the step's FLOPs all of theirs.
 
     Traces the step ``2 + len(names)`` times (fast: no compile).
 
@@ -205,7 +214,7 @@ def trace_profile(model_cfg, batch: int, seq: int, *, model: str = "custom") -> 
         )
 
     # 3. FLOPs: the whole step with every name kept; one block's forward
-    base_flops = jaxpr_flops(_step_jaxpr(with_policy(model_cfg, keep_all), batch, seq))
+    base_flops = jaxpr_flops(_step_jaxpr(with_policy(model_cfg, keep_all), batch, seq, grad_accum))
     fwd_layer = sum(v.flops for v in values.values())
     layer_flops = 3.0 * fwd_layer  # forward + backward (2x) of one block, no recompute
 
@@ -233,16 +242,19 @@ def trace_profile(model_cfg, batch: int, seq: int, *, model: str = "custom") -> 
         grad_bytes=param_bytes,
         opt_bytes=opt_bytes,
         layer_param_bytes=layer_param_bytes,
-        input_bytes=2 * batch * seq * 4,
+        input_bytes=2 * grad_accum * batch * seq * 4,
+        grad_accum=grad_accum,
     )
     return prof
 
 
 def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> int:
-    """``compiled.memory_analysis().temp_size_in_bytes`` of the scanned step with a plan."""
+    """``compiled.memory_analysis().temp_size_in_bytes`` of the scanned step with a plan
+    (over ``prof.grad_accum`` micro-batches: its gradient accumulator included)."""
     from ..step import compile_step
 
-    compiled = compile_step(with_policy(model_cfg, actions), prof.batch, prof.seq)[0]
+    cfg = with_policy(model_cfg, actions)
+    compiled = compile_step(cfg, prof.batch, prof.seq, grad_accum=prof.grad_accum)[0]
     return temp_bytes(compiled)
 
 

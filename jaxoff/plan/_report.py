@@ -31,22 +31,25 @@ def _why(prof: Profile, hw: Hardware, name: str, action: str, pred: Prediction) 
         return "block input: kept by remat itself (scan carry)"
     if name not in pred.needed:
         return "backward never reads it and nothing recomputed needs it: costs nothing"
-    cost = L * n.flops / hw.flops
+    micro = prof.grad_accum  # recomputed and moved once per micro-batch
+    cost = micro * L * n.flops / hw.flops
     freed = fmt_bytes(L * n.bytes)
+    moved = fmt_bytes(micro * 2 * L * n.bytes)
     if action == "device":
         return (
             f"kept ({freed} fits): recomputing costs {fmt_s(cost)}/step, offloading "
-            f"{fmt_bytes(2 * L * n.bytes)}/step over the link"
+            f"{moved}/step over the link"
         )
     if action == "remat":
         return f"recomputed: frees {freed} for {fmt_s(cost)}/step of compute"
-    return f"to host: frees {freed} of device; {fmt_bytes(2 * L * n.bytes)}/step over the link"
+    return f"to host: frees {freed} of device; {moved}/step over the link"
 
 
 def plan_table(prof: Profile, hw: Hardware, plan: Plan, pred: Prediction) -> Table:
     t = Table(
-        title=f"plan for {prof.model}: batch {prof.batch} x seq {prof.seq}, "
-        f"{prof.num_layers} layers, on {hw.name}"
+        title=f"plan for {prof.model}: batch {prof.batch} x seq {prof.seq}"
+        + (f" x {prof.grad_accum} micro-batches" if prof.grad_accum > 1 else "")
+        + f", {prof.num_layers} layers, on {hw.name}"
     )
     for col in ("residual", "per layer", "all layers", "recompute", "action", "why"):
         t.add_column(col, justify="left" if col in ("residual", "action", "why") else "right")

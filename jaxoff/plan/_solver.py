@@ -21,14 +21,13 @@ lowers time or bytes.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .._errors import ConfigError
-from ._cost import ACTIONS, HOMES, Plan, choices, home_costs
+from ._cost import ACTIONS, Plan, allowed_homes, choices, home_costs
 from ._hardware import GIB, Hardware
 from ._profile import Profile
 
@@ -48,7 +47,7 @@ class _Model:
 def _build(prof: Profile, allowed, homes):
     opts = choices(prof, allowed)
     names = list(opts)
-    pairs: list[tuple[str, str]] = list(homes or itertools.product(HOMES, HOMES))
+    pairs: list[tuple[str, str]] = list(homes or allowed_homes(prof))
     index = {}
     k = 0
     for n in names:
@@ -73,16 +72,17 @@ def _exprs(prof: Profile, hw: Hardware, mdl: _Model, cpu_lowering: bool) -> dict
     time_c, dev_c, host_c, disk_c, link_c, disks_c = vec(), vec(), vec(), vec(), vec(), vec()
     compute0 = prof.base_flops / hw.flops
     widening = prof.kept_widening if cpu_lowering else 1.0
+    micro = prof.grad_accum  # recompute and offload traffic: once per micro-batch
     for n in mdl.names:
         b = L * by[n].bytes / GIB
-        time_c[ix[("z", n)]] = L * by[n].flops / hw.flops
+        time_c[ix[("z", n)]] = micro * L * by[n].flops / hw.flops
         dev_c[ix[("z", n)]] = prof.recompute_workspace * by[n].bytes / GIB
         dev_c[ix[("w", n)]] = widening * b
         if cpu_lowering:
             dev_c[ix[("v", n)]] = widening * b
         else:
             host_c[ix[("v", n)]] = b
-        link_c[ix[("v", n)]] = 2 * b * GIB / hw.link  # seconds
+        link_c[ix[("v", n)]] = micro * 2 * b * GIB / hw.link  # seconds
     for h in mdl.homes:
         c = home_costs(prof, hw, *h)
         j = ix[("y", h)]
@@ -224,7 +224,8 @@ def solve(
         prof: the model's profile.
         hw: budgets and speeds.
         allowed: ``{name: actions}`` to narrow some names' choices.
-        homes: ``(params, opt)`` pairs to consider (default: all nine).
+        homes: ``(params, opt)`` pairs to consider (default: ``_cost.allowed_homes``, all
+            nine without gradient accumulation).
         cpu_lowering: count offloaded residuals on device (XLA's CPU backend).
         actions: the only actions any name may take (e.g. ``("device", "remat")``).
 

@@ -83,12 +83,16 @@ def prepare(
     chunk_bytes: int = 1 << 20,
     seed: int = 0,
     abstract: bool = False,
+    grad_accum: int = 1,
 ) -> Prepared:
     """Builds the state and the jitted step of ``recipe`` for ``base_cfg`` and optax ``tx``.
 
     ``store_dir``: page-store directory when the recipe pages the optimizer (``tx`` is then
     wrapped in ``jaxoff.paged``). ``abstract``: shapes only, nothing allocated (not for
-    paged recipes, whose ``init`` writes the store).
+    paged recipes, whose ``init`` writes the store). ``grad_accum``: micro-batches per step
+    (``jaxoff train --grad-accum``; the step then takes that many times the rows); refused
+    for a recipe that updates in the backward pass or streams its parameters, as the trainer
+    refuses it.
 
     Example:
         >>> import optax
@@ -103,6 +107,12 @@ def prepare(
     from ..step._plain import jit_train_step
 
     pl = placement(recipe)
+    if grad_accum > 1 and not accumulates(recipe):
+        raise ConfigError(
+            f"grad_accum {grad_accum}: the recipe updates inside the backward pass or streams "
+            f"its parameters, whose gradients jaxoff does not accumulate (jaxoff train "
+            f"refuses --grad-accum with it)"
+        )
     cfg = model_config(recipe, base_cfg)
     check_placement(pl, cfg, policy=recipe.policy)
     cfg = streamed_model(cfg, pl)
@@ -118,11 +128,19 @@ def prepare(
         graphdef, state = (abstract_state if abstract else init_state)(
             cfg, tx, *(() if abstract else (seed,))
         )
-        step_fn = make_train_step(graphdef, tx, pl)
+        step_fn = make_train_step(graphdef, tx, pl, grad_accum)
     # a model with state besides nnx.Param (dropout RNG, batch statistics) carries it as rest
     jitted, shardings = jit_train_step(step_fn, pl, state)
     state = abstract_with(state, shardings) if abstract else jax.device_put(state, shardings)
     return Prepared(recipe, jitted, state, tx, graphdef, cfg, pl, step_fn, shardings)
+
+
+def accumulates(recipe: Recipe) -> bool:
+    """Whether the recipe's step can accumulate gradients (``grad_accum`` > 1): not when it
+    updates inside the backward pass (Fuyou: no step-wide gradient exists) nor when it
+    streams its parameters (their gradients come back in host memory), as ``jaxoff train``
+    refuses ``--grad-accum`` there."""
+    return not recipe.update_in_backward and not placement(recipe).streams
 
 
 def _fuyou_parts(cfg, tx, pl, seed: int):

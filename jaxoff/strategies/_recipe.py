@@ -102,6 +102,9 @@ class Context:
             transfers (budgets other than ``device_mem`` are the preset's). Planned as for
             that accelerator: offloaded residuals leave device memory.
         model: the model's name (for messages).
+        grad_accum: micro-batches of ``batch`` rows per step (``jaxoff train
+            --grad-accum``): the profile's residuals are one micro-batch's, its workspace
+            holds the gradient accumulator.
     """
 
     model_config: Any
@@ -110,10 +113,13 @@ class Context:
     device_mem: float | None = None
     hardware: str = "a100-40"
     model: str = "custom"
+    grad_accum: int = 1
 
     def profile(self):
         """The planner's profile of this model and batch shape (cached per process)."""
-        return _profile(_plain(self.model_config), self.batch, self.seq, self.model)
+        return _profile(
+            _plain(self.model_config), self.batch, self.seq, self.model, self.grad_accum
+        )
 
     def hw(self):
         """The hardware preset with ``device_mem`` as its device budget."""
@@ -131,10 +137,10 @@ def _plain(model_cfg):
 
 
 @functools.lru_cache(maxsize=8)
-def _profile(model_cfg, batch: int, seq: int, model: str):
+def _profile(model_cfg, batch: int, seq: int, model: str, grad_accum: int = 1):
     from ..plan import profile
 
-    return profile(model_cfg, batch, seq, model=model)
+    return profile(model_cfg, batch, seq, model=model, grad_accum=grad_accum)
 
 
 @dataclasses.dataclass(frozen=True)
