@@ -68,15 +68,15 @@ class DataOptions:
     Attributes:
         batch_size: sequences per micro-batch: per step without --grad-accum, and the
             batch of each validation loss.
-        grad_accum: micro-batches per optimizer step (gradient accumulation): a step reads
-            grad_accum x batch-size sequences and runs them a micro-batch at a time (micro-batch
-            i holds rows i, i + N, i + 2N, ... of the step's batch), adding their float32
-            gradients in order; the optimizer updates once with their mean, clipped by
-            --clip-norm, and the step's loss is the mean of theirs. The memory is one
-            micro-batch's activations plus a float32 gradient accumulator. --steps counts
-            optimizer steps; a run resumes with its own --grad-accum only. Not with
-            --strategy fuyou, nor with a streamed --placement. See
-            ``docs/guide/training.md#gradient-accumulation``.
+        grad_accum: micro-batches per optimizer step (gradient accumulation, N): a step
+            reads N times --batch-size sequences and runs them one micro-batch at a time
+            (micro-batch i: rows i, i + N, i + 2N, ... of the step's batch), adding their
+            float32 gradients in order; the optimizer updates once with their mean (clipped
+            by --clip-norm), and the step's loss is the mean of theirs. Memory: one
+            micro-batch's activations plus a float32 gradient accumulator. Steps (those of
+            the schedule, of --steps) are optimizer steps; a run resumes only with the
+            same --grad-accum. Not with --strategy fuyou, nor with a streamed placement.
+            See docs/guide/training.md#gradient-accumulation.
         seq_len: tokens per sequence.
         data: a text file or folder (bytes, or text for --tokenizer); a ``.bin`` token file
             (raw little-endian uint16 ids as nanoGPT's ``prepare.py`` writes, or uint32: see
