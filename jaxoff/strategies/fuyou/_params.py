@@ -17,6 +17,8 @@ is `jaxoff.strategies.fuyou.make_fuyou_step`.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -120,44 +122,70 @@ def forward(rec, lay, block, x0):
     return block(top, h), saved, top
 
 
-def backward(rec, lay, saved, top, gh, vjp_layer, update):
+class LayerStep(Protocol):
+    """What the backward scan over paged parameters needs of the step it runs in (Fuyou's
+    ``StepContext`` is one): its recorder, its layout, and a layer's gradients and update."""
+
+    rec: Any  # the step's StepRecorder
+    lay: Any  # the store layout (``lay.params``: the parameter entries, ``lay.num_layers``)
+
+    def vjp_layer(self, layer, h_in, gh) -> tuple[list, jax.Array]:
+        """``(g_layer, gh)``: the flat gradients of a layer's parameters and of its input."""
+        ...
+
+    def update_layer(self, g_layer, layer, layer_of) -> tuple[list, jax.Array]:
+        """``(new_layer, squares)``: layer ``layer_of(env)``'s paged update."""
+        ...
+
+
+def backward(step: LayerStep, saved, top, gh):
     """The backward layer scan with the parameters taken from the store, software-pipelined
     as the in-memory one (layer ``j``'s gradients beside layer ``j + 1``'s update), each
-    update putting its layer's new parameters.
+    update putting its layer's new parameters (`_differentiate_and_update`).
 
-    ``vjp_layer(layer, h_in, gh) -> (g_layer, gh)``; ``update(g, layer, layer_of) ->
-    (new_layer, squares)`` updates layer ``layer_of(env)``.
+    ``saved``: every block's input (`forward`); ``top``: the top layer's parameters;
+    ``gh``: the gradient of the blocks' output.
 
     Returns ``(squares, gh)``, the squares per layer stacked in layer order.
     """
-    entries, last = lay.params, lay.num_layers - 1
-    g_layer, gh = vjp_layer(top, saved[last], gh)
+    last = step.lay.num_layers - 1
+    g_layer, gh = step.vjp_layer(top, saved[last], gh)
     layer = top
-
-    def step(layer_j, h_in, gh, g_up, p_up, up_of):
-        """Layer j's gradients, and layer j + 1's update and parameter puts."""
-        g_j, gh = vjp_layer(layer_j, h_in, gh)
-        new_up, sq_up = update(g_up, p_up, up_of)
-        put_layer(rec, entries, new_up, up_of)
-        return gh, g_j, sq_up
-
-    def body(carry, xs, loop):
-        gh, g_up, p_up = carry
-        _, h_in = xs
-        layer_j = take_layer(rec, entries, lambda env: env[loop])
-        gh, g_j, sq = step(layer_j, h_in, gh, g_up, p_up, lambda env: env[loop] + 1)
-        return (gh, g_j, layer_j), sq
-
     outs = []
     if last >= 1:
         xs = (jnp.arange(1, last), saved[1:last])
-        (gh, g_layer, layer), scanned = rec.scan(
+        body = functools.partial(_backward_body, step)
+        (gh, g_layer, layer), scanned = step.rec.scan(
             body, (gh, g_layer, layer), xs, values=range(1, last), reverse=True
         )
-        layer_0 = take_layer(rec, entries, lambda env: 0)
-        gh, g_0, sq_1 = step(layer_0, saved[0], gh, g_layer, layer, lambda env: 1)
+        layer_0 = take_layer(step.rec, step.lay.params, lambda env: 0)
+        gh, g_0, sq_1 = _differentiate_and_update(
+            step, layer_0, saved[0], gh, (g_layer, layer, lambda env: 1)
+        )
         outs = [sq_1[None], scanned]
         g_layer, layer = g_0, layer_0
-    new_0, sq_0 = update(g_layer, layer, lambda env: 0)
-    put_layer(rec, entries, new_0, lambda env: 0)
+    new_0, sq_0 = step.update_layer(g_layer, layer, lambda env: 0)
+    put_layer(step.rec, step.lay.params, new_0, lambda env: 0)
     return jnp.concatenate([sq_0[None], *outs]), gh
+
+
+def _differentiate_and_update(step: LayerStep, layer_j, h_in, gh, above):
+    """Layer j's gradients, and the update and parameter puts of the layer above:
+    ``above`` is ``(its gradients, its parameters, layer_of)``. Returns ``(gh, g_j,
+    squares of the layer above)``."""
+    g_up, p_up, up_of = above
+    g_j, gh = step.vjp_layer(layer_j, h_in, gh)
+    new_up, sq_up = step.update_layer(g_up, p_up, up_of)
+    put_layer(step.rec, step.lay.params, new_up, up_of)
+    return gh, g_j, sq_up
+
+
+def _backward_body(step: LayerStep, carry, xs, loop):
+    """The backward scan's trip for layer ``j = env[loop]``: takes its parameters,
+    differentiates it and updates layer ``j + 1`` (whose gradients the trip before made)."""
+    gh, g_up, p_up = carry
+    _, h_in = xs
+    layer_j = take_layer(step.rec, step.lay.params, lambda env: env[loop])
+    above = (g_up, p_up, lambda env: env[loop] + 1)
+    gh, g_j, sq = _differentiate_and_update(step, layer_j, h_in, gh, above)
+    return (gh, g_j, layer_j), sq

@@ -112,6 +112,32 @@ class StepContext:
     def rleaves(self) -> list:
         return [self.plan.leaves[i] for i in self.ridx]
 
+    def update_leaf(self, leaf, g, p, layer_of=None):
+        """One leaf's paged update (`ChunkUpdater.update_leaf`): its new parameters. With
+        ``layer_of``, ``p`` is layer ``layer_of(env)`` of a stacked block leaf."""
+        names = self.lay.names(leaf, layer_of)
+        return self.opts.updater.update_leaf(self.rec, self.plan, leaf, g, p, self.inner_ram, names)
+
+    def vjp_layer(self, layer, h_in, gh):
+        """The gradients of a layer's parameters (flat) and of its input.
+
+        Flat: a gradient is carried to the next scan step, whose update reads it as a flat
+        array. Carried in its own shape, XLA's CPU layout assignment gave a 2-D gradient a
+        column-major layout, and transposed it into row-major order twice (for the squares
+        and for the update), ~3x the time of that layer's matmuls at d = 2048.
+        """
+        _, vjp = jax.vjp(self.block, layer, h_in)
+        g_layer, gh = vjp(gh)
+        return [g.reshape(-1) for g in g_layer], gh
+
+    def update_layer(self, g_layer, layer, layer_of):
+        """Layer ``layer_of(env)``'s paged update: its new parameters and squares."""
+        new_layer, sq = [], []
+        for leaf, g, p in zip(self.bleaves, g_layer, layer, strict=True):
+            new_layer.append(self.update_leaf(leaf, g, p, layer_of))
+            sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
+        return new_layer, jnp.stack(sq)
+
 
 def _context(opts: _Options, param_dtype, state) -> StepContext:
     if opts.blocks_as_bits:
@@ -176,10 +202,7 @@ def _train_step(opts: _Options, param_dtype, state, inputs, targets):
     g_back, gh = back_vjp(jnp.ones((), loss.dtype))
     new_ram = ctx.opts.updater.ram_update(ctx.plan, ctx.inner_ram, {})
     if ctx.opts.page_params:
-        sq_b, gh = fp.backward(
-            ctx.rec, ctx.lay, saved, top_params, gh,
-            functools.partial(_vjp_layer, ctx), functools.partial(_update_layer, ctx),
-        )  # fmt: skip
+        sq_b, gh = fp.backward(ctx, saved, top_params, gh)
         new_stacked = [ctx.leaves[i] for i in ctx.bidx]  # the placeholders, as they came
     else:
         sq_b, gh, new_stacked = _backward(ctx, saved, gh)
@@ -222,40 +245,11 @@ def _forward_body(ctx: StepContext, h, j):
     return ctx.block(_layer(ctx.stacked, j, ctx.dtypes), h), h
 
 
-def _update_leaf(ctx: StepContext, leaf, g, p, layer_of=None):
-    """One leaf's paged update (`ChunkUpdater.update_leaf`): its new parameters. With
-    ``layer_of``, ``p`` is layer ``layer_of(env)`` of a stacked block leaf."""
-    names = ctx.lay.names(leaf, layer_of)
-    return ctx.opts.updater.update_leaf(ctx.rec, ctx.plan, leaf, g, p, ctx.inner_ram, names)
-
-
-def _vjp_layer(ctx: StepContext, layer, h_in, gh):
-    """The gradients of a layer's parameters (flat) and of its input.
-
-    Flat: a gradient is carried to the next scan step, whose update reads it as a flat array.
-    Carried in its own shape, XLA's CPU layout assignment gave a 2-D gradient a column-major
-    layout, and transposed it into row-major order twice (for the squares and for the
-    update), ~3x the time of that layer's matmuls at d = 2048.
-    """
-    _, vjp = jax.vjp(ctx.block, layer, h_in)
-    g_layer, gh = vjp(gh)
-    return [g.reshape(-1) for g in g_layer], gh
-
-
 def _backward_layer(ctx: StepContext, blocks, j, h_in, gh):
     """Layer ``j``'s parameters, their gradients, and the gradient of its input."""
     layer = _layer(blocks, j, ctx.dtypes)
-    g_layer, gh = _vjp_layer(ctx, layer, h_in, gh)
+    g_layer, gh = ctx.vjp_layer(layer, h_in, gh)
     return layer, g_layer, gh
-
-
-def _update_layer(ctx: StepContext, g_layer, layer, layer_of):
-    """Layer ``layer_of(env)``'s paged update: its new parameters and squares."""
-    new_layer, sq = [], []
-    for leaf, g, p in zip(ctx.bleaves, g_layer, layer, strict=True):
-        new_layer.append(_update_leaf(ctx, leaf, g, p, layer_of))
-        sq.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
-    return new_layer, jnp.stack(sq)
 
 
 def _backward(ctx: StepContext, saved, gh):
@@ -281,7 +275,7 @@ def _backward(ctx: StepContext, saved, gh):
     carry, sq_up = ctx.rec.scan(body, carry, xs, values=range(last), reverse=True)
     gh, new_stacked, g_layer, pending, pending_j = carry
     layer = _layer(new_stacked, 0, ctx.dtypes)
-    new_0, sq_0 = _update_layer(ctx, g_layer, layer, lambda env: 0)
+    new_0, sq_0 = ctx.update_layer(g_layer, layer, lambda env: 0)
     # layer 0 first: its update reads and writes slot 0 of the same stack, in place; written
     # after layer 1's, XLA would read slot 0 from the stack before that write and copy the
     # whole stack to keep it
@@ -303,7 +297,7 @@ def _backward_body(ctx: StepContext, carry, xs, loop):
     # layer j + 1's parameters, still the old ones (sliced again, not carried: a carried
     # slice is copied into the loop's buffer at every step)
     p_up = _layer(blocks, j + 1, ctx.dtypes)
-    new_up, sq_up = _update_layer(ctx, g_up, p_up, lambda env: env[loop] + 1)
+    new_up, sq_up = ctx.update_layer(g_up, p_up, lambda env: env[loop] + 1)
     carry = (gh, blocks, g_layer, _like(new_up, blocks), j + 1)
     return carry, sq_up
 
@@ -316,7 +310,7 @@ def _tail_update(ctx: StepContext, grads, new_leaves):
     for i, (gf, gb, uf, ub) in zip(ctx.ridx, grads, strict=True):
         g = gf + gb if uf and ub else (gf if uf else gb)
         sq_r.append(jnp.sum(jnp.square(g.astype(jnp.float32))))
-        new_leaves[i] = _update_leaf(ctx, ctx.plan.leaves[i], g, ctx.leaves[i])
+        new_leaves[i] = ctx.update_leaf(ctx.plan.leaves[i], g, ctx.leaves[i])
     return sq_r
 
 
