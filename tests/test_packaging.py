@@ -58,6 +58,35 @@ def test_dependencies_are_ranges_with_the_tested_lower_bounds():
     assert "flax>=0.12.10,<0.14; python_version >= '3.12'" in deps["flax"]
 
 
+def _header_api_version(c_api: Path) -> tuple[int, int]:
+    import re
+
+    text = c_api.read_text()
+    return tuple(
+        int(re.search(rf"#define XLA_FFI_API_{part} (\d+)", text)[1]) for part in ("MAJOR", "MINOR")
+    )  # type: ignore[return-value]
+
+
+def test_the_ffi_handlers_are_built_for_the_oldest_supported_jaxlib():
+    """A jaxlib registers FFI handlers of its own API version or older: the build requires
+    the oldest supported jaxlib (its headers, API 0.3), so one build loads beside every
+    jaxlib of the range. Built against jaxlib 0.12's headers (API 0.5), jaxlib 0.11.1 (API
+    0.4) refused every target. The check: the handlers' version is at most the installed
+    jaxlib's (the API its headers declare), and the build pins the oldest jaxlib."""
+    import jax.ffi
+
+    from jaxoff import _ffi
+
+    built = tuple(_ffi.ffi_api_version())
+    installed = _header_api_version(Path(jax.ffi.include_dir()) / "xla/ffi/api/c_api.h")
+    assert built <= installed, (built, installed)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    lower = (ROOT / ".ci" / "constraints-lower.txt").read_text()
+    for pkg in ("jax", "jaxlib"):
+        pinned = [r for r in requires if r.startswith(f"{pkg}==")]
+        assert pinned and all(f"{r.split(';')[0]}\n" in lower for r in pinned), (pkg, requires)
+
+
 def test_import_jaxoff_does_not_import_jax():
     code = "import sys, jaxoff; assert 'jax' not in sys.modules, 'jax imported'; jaxoff.__version__"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -53,6 +53,10 @@ NB_MODULE(_ffi, m) {
   namespace h = jaxoff::ffi_handlers;
   namespace pg = jaxoff::pager;
   m.doc() = "jaxoff native code: XLA FFI handlers and the async I/O engine.";
+  // The XLA FFI API version the handlers were built against (the headers' XLA_FFI_API_*): a
+  // jaxlib runs handlers of its own API version or older, so the build uses the oldest
+  // supported jaxlib's headers (pyproject.toml's build requirements).
+  m.def("ffi_api_version", []() { return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.def("registrations", []() {
     nb::dict d;
     d["jaxoff_copy"] = EncapsulateHandler(h::CopyHandler);
