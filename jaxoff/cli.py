@@ -21,7 +21,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import tyro
 
@@ -30,21 +30,22 @@ from ._errors import JaxoffError, UsageError, describe_os_error
 
 @dataclasses.dataclass(frozen=True)
 class Command:
+    """A command: its config type (built from defaults or a file), its runner, its help, the
+    reader of its ``--config`` file, and what tyro parses (default: the config type)."""
+
     config_type: type
     run: Callable[[Any], Any]
     help: str
     load_file: Callable[[str], dict] | None = None
+    parsed_as: Any = None
 
 
 def _train() -> Command:
     from .train import TrainConfig, load_config_file, train
-    from .train._config import flat_options_type
 
-    # the options parse flat (--lr, not --optim-options.lr), then make up the config's groups
-    def run(options) -> Any:
-        return train(TrainConfig(**vars(options)))
-
-    return Command(flat_options_type(), run, HELP["train"], load_config_file)
+    # the groups' options parse flat (--lr, not --optim-options.lr)
+    parsed = Annotated[TrainConfig, tyro.conf.OmitArgPrefixes]
+    return Command(TrainConfig, train, HELP["train"], load_config_file, parsed)
 
 
 def _export() -> Command:
@@ -183,7 +184,7 @@ def _parse(command: Command, name: str, args: list[str], default: Any, debug: bo
 
     def cli():
         return tyro.cli(
-            command.config_type,
+            command.parsed_as or command.config_type,
             args=args,
             default=default,
             prog=f"jaxoff {name}",

@@ -43,7 +43,7 @@ def test_train_from_the_command_line_with_loss_falling(tmp_path):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 12 and np.mean(losses[-3:]) < np.mean(losses[:3])
-    assert json.loads((out / "config.json").read_text())["model"] == SPEC
+    assert json.loads((out / "config.json").read_text())["model_options"]["model"] == SPEC
 
 
 def test_train_from_python_with_a_model_object_paged_and_a_policy(tmp_path):

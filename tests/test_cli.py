@@ -11,6 +11,7 @@ from _limits import HANG_S
 from jaxoff import cli
 from jaxoff.cli import main
 from jaxoff.train import TrainConfig, load_config_file
+from jaxoff.train._options import flat_options
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted((ROOT / "configs").glob("*.toml"))
@@ -119,7 +120,7 @@ def test_config_file_with_overrides_trains(tmp_path):
         ]
     )
     assert code == 0
-    saved = json.loads((out / "config.json").read_text())
+    saved = flat_options(json.loads((out / "config.json").read_text()))
     assert saved["model"] == "tiny" and saved["steps"] == 3 and saved["batch_size"] == 2
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
 

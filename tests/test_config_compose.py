@@ -1,5 +1,7 @@
-"""TrainConfig is composed of frozen groups of options; its flat names, its ``config.json``
-and its command line are what they were when it was one flat dataclass."""
+"""TrainConfig is composed of frozen groups of options, the only place an option is defined:
+its flat names, its command line and the ``config.json`` a run writes (by group) all follow
+from the groups, and the ``config.json`` of a run written when TrainConfig was one flat
+dataclass reads (and resumes) as it did."""
 
 import dataclasses
 import json
@@ -7,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from jaxoff import ConfigError
+from jaxoff.strategies.fuyou import FuyouOptions
 from jaxoff.train import TrainConfig
-from jaxoff.train._config import FLAT_NAMES, _Flat
 from jaxoff.train._options import (
+    FLAT_NAMES,
     GROUP_OF,
     GROUPS,
     DataOptions,
@@ -18,10 +22,12 @@ from jaxoff.train._options import (
     RunOptions,
     StoreOptions,
     StrategyOptions,
+    flat_options,
+    nest,
 )
 
 # three configs, and ``json.dumps(cfg.to_json(), indent=2, sort_keys=True)`` of each as the
-# flat TrainConfig wrote it (config.json's bytes: a run resumes only when they match), with
+# flat TrainConfig wrote it (an older run's config.json, flat: it must still read the same), with
 # ``paged_checkpoint`` and ``host_mem`` added since (options that may change on --resume) and
 # ``init_from`` (null in a run that has none: such a run's older config.json, without the
 # key, still resumes, as a missing key reads as None) and ``grad_accum`` (1 in a run that
@@ -231,55 +237,6 @@ EXPECTED_JSON = {
     ),
 }
 
-# the keys of to_json() in order (the flat dataclass's field order, then processes)
-ORDER = [
-    "model",
-    "init_from",
-    "policy",
-    "positions",
-    "dtype",
-    "param_dtype",
-    "batch_size",
-    "grad_accum",
-    "seq_len",
-    "steps",
-    "optimizer",
-    "lr",
-    "warmup_steps",
-    "weight_decay",
-    "clip_norm",
-    "seed",
-    "data",
-    "tokenizer",
-    "token_dtype",
-    "val_fraction",
-    "eval_every",
-    "eval_batches",
-    "out_dir",
-    "ckpt_every",
-    "keep_checkpoints",
-    "resume",
-    "resume_fallback",
-    "resume_unverified",
-    "overwrite",
-    "stop_at",
-    "progress",
-    "plan",
-    "store",
-    "chunk_mib",
-    "store_slots",
-    "paged_checkpoint",
-    "host_mem",
-    "placement",
-    "fsdp",
-    "strategy",
-    "fuyou",
-    "page_params",
-    "fuyou_read_ahead_mib",
-    "compile_cache",
-    "processes",
-]
-
 # every option of `jaxoff train` on one command line, and what the flat TrainConfig it
 # parsed into wrote as config.json
 ARGV = [
@@ -418,7 +375,15 @@ ARGV_JSON = json.dumps(
 )
 
 
-GROUP_TYPES = (ModelOptions, DataOptions, OptimOptions, RunOptions, StoreOptions, StrategyOptions)
+GROUP_TYPES = (
+    ModelOptions,
+    DataOptions,
+    OptimOptions,
+    RunOptions,
+    StoreOptions,
+    StrategyOptions,
+    FuyouOptions,
+)
 
 
 def test_groups_are_frozen_and_disjoint():
@@ -431,13 +396,17 @@ def test_groups_are_frozen_and_disjoint():
             setattr(value, field, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model_options = ModelOptions()  # type: ignore[misc]
+    assert tuple(GROUPS.values()) == GROUP_TYPES
     names = [f.name for g in GROUP_TYPES for f in dataclasses.fields(g)]
-    assert len(names) == len(set(names)) == len(FLAT_NAMES) == 44
-    assert sorted(names) == sorted(FLAT_NAMES) == sorted(GROUP_OF)
-    assert FLAT_NAMES == tuple(ORDER[:-1]) and ORDER[-1] == "processes"
-    # each flat name reads its group's option, in FLAT_NAMES order
-    flat = [n for n, v in vars(TrainConfig).items() if isinstance(v, _Flat)]
-    assert tuple(flat) == FLAT_NAMES
+    # the flat names are the groups' fields, in order: written nowhere else
+    assert len(names) == len(set(names)) == 44 and tuple(names) == FLAT_NAMES
+    assert list(GROUP_OF) == names
+    # each flat name reads its group's option
+    cfg = TrainConfig(**CONFIGS["fuyou"])
+    for name in FLAT_NAMES:
+        assert getattr(cfg, name) == getattr(getattr(cfg, GROUP_OF[name]), name), name
+    with pytest.raises(AttributeError, match="no attribute 'stpes'"):
+        cfg.stpes  # noqa: B018
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -470,10 +439,34 @@ def test_dataclasses_replace_takes_flat_names():
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_to_json_is_byte_identical_to_the_flat_config(name):
-    out = TrainConfig(**CONFIGS[name]).to_json()
-    assert json.dumps(out, indent=2, sort_keys=True) == EXPECTED_JSON[name]
-    assert list(out) == ORDER
+def test_to_json_holds_the_groups_and_the_flat_config_reads_the_same(name):
+    """config.json holds the options by group, the same values the flat TrainConfig wrote;
+    a config.json written by it (flat) reads through the converter as the same config."""
+    cfg = TrainConfig(**CONFIGS[name])
+    out = cfg.to_json()
+    assert list(out) == [*GROUPS, "processes"]
+    for group in GROUPS:
+        assert set(out[group]) == {f.name for f in dataclasses.fields(GROUPS[group])}
+    old = json.loads(EXPECTED_JSON[name])
+    assert flat_options(json.loads(json.dumps(out))) == old  # the same options and values
+    assert TrainConfig(**flat_options(old, extra=())) == TrainConfig(
+        **flat_options(json.loads(json.dumps(out)), extra=())
+    )
+
+
+def test_nest_is_the_one_converter_from_flat_names():
+    assert nest({"lr": 0.5, "seed": 2, "fuyou": True}) == {
+        **{g: {} for g in GROUPS},
+        "optim_options": {"lr": 0.5},
+        "run_options": {"seed": 2},
+        "fuyou_options": {"fuyou": True},
+    }
+    mixed = nest({"optim_options": {"steps": 3}, "lr": 0.5})
+    assert mixed["optim_options"] == {"steps": 3, "lr": 0.5}
+    with pytest.raises(ConfigError, match=r"unknown keys \['stpes'\]"):
+        nest({"stpes": 3})
+    with pytest.raises(ConfigError, match=r"optim_options has no options \['seed'\]"):
+        nest({"optim_options": {"seed": 3}})
 
 
 def test_every_cli_option_maps_to_the_same_option(monkeypatch):
@@ -485,7 +478,7 @@ def test_every_cli_option_maps_to_the_same_option(monkeypatch):
     assert cli.main(["train", *ARGV]) == 0
     (cfg,) = got
     assert isinstance(cfg, TrainConfig)
-    assert json.dumps(cfg.to_json(), indent=2, sort_keys=True) == ARGV_JSON
+    assert flat_options(cfg.to_json()) == json.loads(ARGV_JSON)
     flags = {a[2:].replace("-", "_") for a in ARGV if a.startswith("--")} - {"no_progress"}
     assert flags | {"progress"} == set(FLAT_NAMES)  # the command line names every option
 
@@ -496,3 +489,37 @@ def test_toml_file_takes_flat_names(tmp_path):
     (tmp_path / "run.toml").write_text('[train]\nlr = 0.5\nstore = "none"\nout_dir = "x"\n')
     cfg = TrainConfig(**load_config_file(tmp_path / "run.toml"))
     assert (cfg.optim_options.lr, cfg.store_options.store, cfg.out_dir) == (0.5, "none", Path("x"))
+
+
+def test_toml_file_takes_groups_too(tmp_path):
+    from jaxoff.train import load_config_file
+
+    (tmp_path / "run.toml").write_text(
+        "[train]\nseed = 4\n[train.optim_options]\nlr = 0.25\nsteps = 7\n"
+    )
+    cfg = TrainConfig(**load_config_file(tmp_path / "run.toml"))
+    assert (cfg.lr, cfg.steps, cfg.seed) == (0.25, 7, 4)
+    (tmp_path / "bad.toml").write_text('[train.optim_options]\nlr = "fast"\n')
+    with pytest.raises(ConfigError, match="lr must be a number"):
+        load_config_file(tmp_path / "bad.toml")
+
+
+def test_a_run_whose_config_json_is_flat_still_resumes_bitwise(tmp_path):
+    """A run started before the options had groups wrote config.json flat: --resume reads it
+    through the converter, continues, and ends as an uninterrupted run does."""
+    from jaxoff.train import train
+
+    common = dict(
+        model="tiny", steps=4, batch_size=2, seq_len=16, warmup_steps=1, eval_every=0,
+        ckpt_every=2, chunk_mib=1, progress=False, compile_cache="none",
+    )  # fmt: skip
+    full = train(TrainConfig(**common, out_dir=tmp_path / "full"))
+    run = tmp_path / "part"
+    train(TrainConfig(**common, out_dir=run, stop_at=2))
+    path = run / "config.json"
+    grouped = json.loads(path.read_text())
+    flat = flat_options(grouped)
+    assert "optim_options" in grouped and "optim_options" not in flat
+    path.write_text(json.dumps(flat, indent=2, sort_keys=True))  # as the flat TrainConfig wrote
+    rest = train(TrainConfig(**common, out_dir=run, resume=True))
+    assert rest.first_step == 2 and rest.losses == full.losses[2:]

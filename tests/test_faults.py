@@ -41,6 +41,7 @@ from _limits import HANG_S
 
 from jaxoff._faults import POINTS
 from jaxoff.train import read_metrics
+from jaxoff.train._options import flat_options
 
 pytestmark = [pytest.mark.faults, pytest.mark.subprocess]
 
@@ -567,7 +568,7 @@ def test_second_process_on_a_live_run_or_its_store_is_refused(jaxoff, tmp_path):
         assert live.poll() is None, "the live run died"
         lines = len(read_metrics(run / "metrics.jsonl"))
         assert (run / "config.json").exists() and (store / "manifest.json").exists()
-        assert json.loads((run / "config.json").read_text())["steps"] == 10**6
+        assert flat_options(json.loads((run / "config.json").read_text()))["steps"] == 10**6
         assert not (tmp_path / "other" / "metrics.jsonl").exists()
         time.sleep(1.0)
         assert len(read_metrics(run / "metrics.jsonl")) >= lines  # still training, log intact

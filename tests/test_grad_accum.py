@@ -407,7 +407,7 @@ def test_a_resume_with_another_grad_accum_is_refused_in_one_line(tmp_path, capsy
     train(old)
     path = Path(old.out_dir) / "config.json"
     saved = json.loads(path.read_text())
-    del saved["grad_accum"]  # as a run written before --grad-accum saved it
+    del saved["data_options"]["grad_accum"]  # as a run written before --grad-accum saved it
     path.write_text(json.dumps(saved, indent=2, sort_keys=True))
     with pytest.raises(ConfigError, match="started with --grad-accum 1"):
         train(dataclasses.replace(old, grad_accum=2, steps=3, resume=True))

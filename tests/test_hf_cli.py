@@ -27,6 +27,7 @@ from jaxoff.optim.chunks import path_name
 from jaxoff.step import cross_entropy
 from jaxoff.train import TrainConfig, train
 from jaxoff.train._data import data_batches
+from jaxoff.train._options import flat_options
 
 COMMON = dict(
     batch_size=2,
@@ -116,7 +117,7 @@ def test_a_fuyou_page_params_run_resumes_bitwise_and_exports_its_parameters(tmp_
     rest = train(_config(tmp_path, "llama", "part", resume=True, **FUYOU))
     assert rest.first_step == 2
     assert rest.losses == full.losses[2:]  # bitwise
-    saved = json.loads((tmp_path / "full" / "config.json").read_text())
+    saved = flat_options(json.loads((tmp_path / "full" / "config.json").read_text()))
     assert saved["init_from"] == str((tmp_path / "llama").absolute())
     assert saved["model"] == "hf:llama"
 
@@ -214,7 +215,7 @@ def test_the_command_line_uses_the_folders_tokenizer(tmp_path, capsys):
     args += ["--batch-size", "2", "--steps", "2", "--eval-every", "0", "--clip-norm", "0"]
     args += ["--strategy", "fuyou", "--page-params", "--no-progress"]
     assert cli.main([*args, "--out-dir", str(tmp_path / "run")]) == 0
-    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    saved = flat_options(json.loads((tmp_path / "run" / "config.json").read_text()))
     assert saved["tokenizer"] == str(folder / "tokenizer.json")
     assert "jaxoff export --run" in capsys.readouterr().out  # the way back, in the summary
 

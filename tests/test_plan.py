@@ -27,6 +27,7 @@ from jaxoff.plan._hardware import GIB, disk_from_iobench, parse_size
 from jaxoff.plan._planfile import PlanFile
 from jaxoff.plan._profile import measured_temp_bytes, traced_residual_bytes
 from jaxoff.plan._solver import _solve
+from jaxoff.train._options import flat_options
 
 # deep and narrow: the stacked residuals dominate as in real models, compiles stay fast
 DEEP = GPTConfig(12, 64, 4, 256, max_seq_len=64)
@@ -184,7 +185,7 @@ def test_cli_plan_then_train(tmp_path, capsys):
         str(out),
     ]
     assert main(["train", "--model", "tiny", "--out-dir", str(tmp_path / "r"), *common]) == 0
-    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    cfg = flat_options(json.loads((tmp_path / "r" / "config.json").read_text()))
     assert cfg["policy"] == pf.policy_spec()
     assert main(["train", "--model", "mini", "--out-dir", str(tmp_path / "r2"), *common]) == 2
     assert "made for model 'tiny'" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import pytest
 from _limits import HANG_S
 
 from jaxoff._errors import ConfigError
+from jaxoff.train._options import flat_options
 
 TINY = dict(
     model="tiny",
@@ -67,7 +68,7 @@ def test_a_finished_run_grows_and_a_kill_in_the_grown_part_resumes_bitwise(tmp_p
         "decays over 6 steps from here on (steps before 5 were trained under the 4-step "
         "schedule)"
     ]
-    assert json.loads((grown / "config.json").read_text())["steps"] == 6
+    assert flat_options(json.loads((grown / "config.json").read_text()))["steps"] == 6
     # the learning rate of steps 5 and 6 is the 6-step schedule's, not the 4-step's end
     sched_4, sched_6 = _config(grown, steps=4).schedule(), _config(grown, steps=6).schedule()
     assert float(sched_6(4)) != float(sched_4(4))
@@ -80,7 +81,7 @@ def test_a_finished_run_grows_and_a_kill_in_the_grown_part_resumes_bitwise(tmp_p
     argv += ["--no-progress", "--compile-cache", "none", "--out-dir", str(killed)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HANG_S)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert json.loads((killed / "config.json").read_text())["steps"] == 6
+    assert flat_options(json.loads((killed / "config.json").read_text()))["steps"] == 6
     train(_config(killed, steps=6, resume=True))
     want, got = _final(grown), _final(killed)
     assert want[0] == got[0] == 6

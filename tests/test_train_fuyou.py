@@ -17,6 +17,7 @@ import pytest
 from jaxoff.strategies.fuyou import _layout as _fuyou
 from jaxoff.strategies.fuyou import default_read_ahead_bytes
 from jaxoff.train import TrainConfig, train
+from jaxoff.train._options import flat_options
 
 # each block recomputed in backward, as Fuyou's step does: the reference's arithmetic is then
 # the same, and the comparison bitwise
@@ -128,7 +129,7 @@ def test_fuyou_trainer_is_bitwise_the_sequential_paged_trainer(tmp_path, monkeyp
         assert sorted(ref) == sorted(got)
         for k in ref:
             assert ref[k].tobytes() == got[k].tobytes(), k
-    cfg = json.loads((tmp_path / "nvme" / "config.json").read_text())
+    cfg = flat_options(json.loads((tmp_path / "nvme" / "config.json").read_text()))
     assert cfg["fuyou"] is True and cfg["page_params"] is True
 
 

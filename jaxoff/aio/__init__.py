@@ -13,6 +13,7 @@ from ._ffi_calls import file_table_stats as file_table_stats
 from ._ffi_calls import register_file_table as register_file_table
 from ._ffi_calls import register_targets as register_targets
 from ._ffi_calls import unregister_file_table as unregister_file_table
+from ._layout import MAX_CHUNK_BYTES as MAX_CHUNK_BYTES
 from ._layout import ChunkInfo as ChunkInfo
 from ._layout import EntryLayout as EntryLayout
 from ._layout import Layout as Layout
@@ -38,6 +39,7 @@ from ._store_errors import PageStoreNotFoundError as PageStoreNotFoundError
 from ._store_errors import PageStoreTornError as PageStoreTornError
 
 __all__ = [
+    "MAX_CHUNK_BYTES",
     "BackendStatus",
     "backend_status",
     "CudaStatus",

@@ -22,7 +22,9 @@ from ._greedy import greedy as greedy
 from ._hardware import PRESETS as HARDWARE_PRESETS
 from ._hardware import Hardware as Hardware
 from ._hardware import calibrate as calibrate
+from ._hardware import parse_size as parse_size
 from ._hardware import preset as preset
+from ._hardware import total_ram as total_ram
 from ._jaxpr import jaxpr_flops as jaxpr_flops
 from ._planfile import PlanFile as PlanFile
 from ._planfile import apply_plan as apply_plan
@@ -57,7 +59,9 @@ __all__ = [
     "load_plan",
     "make_plan",
     "measured_temp_bytes",
+    "parse_size",
     "preset",
+    "total_ram",
     "preset_plan",
     "profile",
     "run",

@@ -10,10 +10,11 @@ import tyro
 
 from .._errors import ConfigError
 from ..nn import check_model, load_model
-from ..train._config import TrainConfig
 
-# `jaxoff plan` plans for what `jaxoff train` runs by default: its model and batch shape
-_TRAIN: dict[str, Any] = TrainConfig().options()
+# `jaxoff plan` plans for what `jaxoff train` runs by default, its model and batch shape (the
+# planner sits below the trainer and reads nothing of it: tests/test_plan.py checks these are
+# train's defaults)
+_TRAIN: dict[str, Any] = {"model": "mini", "batch_size": 16, "grad_accum": 1, "seq_len": 128}
 
 _DTYPES = ("float32", "bfloat16", "float16")
 

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 from .. import _faults
 from .._errors import ConfigError, JaxoffError
 from ._checksums import has_checksums, write_checksums
+from ._options import flat_options
 
 _FULL = {
     errno.ENOSPC: "no space left on the disk",
@@ -232,6 +233,8 @@ def check_resumable(out_dir: Path, config: dict, allowed_changes: frozenset[str]
             f"--resume: {saved_path} is unreadable ({e}); restore it or start again with "
             f"--overwrite"
         ) from None
+    saved = flat_options(saved)  # by group, or flat (written before the options had groups)
+    config = flat_options(config)
     saved.setdefault("processes", 1)  # written before runs spanned processes
     saved.setdefault("strategy", "fuyou" if saved.get("fuyou") else "plain")  # before --strategy
     saved.setdefault("grad_accum", 1)  # written before --grad-accum

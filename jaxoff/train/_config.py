@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import typing
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
 import jax
 import optax
 
 from .._errors import ConfigError
 from ..nn._protocol import model_name
+from ..strategies.fuyou import FuyouOptions, RunShape
 from ._config_file import load_config_file as load_config_file  # its old home
 from ._optimizers import build_optimizer_parts, schedule
 from ._options import (
@@ -24,31 +22,13 @@ from ._options import (
     DataOptions,
     ModelOptions,
     OptimOptions,
-    PagedCheckpoint,
     RunOptions,
     StoreOptions,
-    Strategy,
     StrategyOptions,
     check_writable,
+    nest,
 )
 from ._options import check_data_options as _check_data_options  # noqa: F401 (its old name)
-
-T = TypeVar("T")
-
-
-class _Flat(Generic[T]):
-    """A flat, read-only option name of :class:`TrainConfig`: ``cfg.lr`` reads
-    ``cfg.optim_options.lr``."""
-
-    def __init__(self, read: Callable[[TrainConfig], T]) -> None:
-        self._read = read
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> _Flat[T]: ...
-    @overload
-    def __get__(self, obj: TrainConfig, owner: type) -> T: ...
-    def __get__(self, obj: TrainConfig | None, owner: type) -> T | _Flat[T]:
-        return self if obj is None else self._read(obj)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -61,14 +41,17 @@ class TrainConfig:
     (``data_options``: the corpus and the batch shape), :class:`OptimOptions`
     (``optim_options``: the optimizer, its schedule and steps), :class:`RunOptions`
     (``run_options``: out_dir, checkpoints, evaluation, resumption, seed),
-    :class:`StoreOptions` (``store_options``: the page store) and :class:`StrategyOptions`
-    (``strategy_options``: placement, FSDP, strategy and Fuyou's options). Each option is
-    documented in its group.
+    :class:`StoreOptions` (``store_options``: the page store), :class:`StrategyOptions`
+    (``strategy_options``: placement, FSDP, strategy) and Fuyou's own
+    (``fuyou_options``: ``jaxoff.strategies.fuyou.FuyouOptions``). Each option is defined
+    and documented in its group, and each group checks its own values.
 
-    ``TrainConfig(...)`` takes the groups, or the options by their flat names, or both (a
-    flat name then replaces that option of the group given), and every option reads by its
-    flat name too: ``TrainConfig(steps=6).steps == 6``. ``dataclasses.replace(cfg, lr=1e-3)``
-    works the same way. The command line, TOML files and ``config.json`` use the flat names.
+    ``TrainConfig(...)`` takes the groups (or dicts of their options), or the options by their
+    flat names, or both (a flat name then replaces that option of the group given), and every
+    option reads by its flat name too: ``TrainConfig(steps=6).steps == 6``.
+    ``dataclasses.replace(cfg, lr=1e-3)`` works the same way. The command line and TOML files
+    name the options flat; ``config.json`` holds them by group (`to_json`, and
+    ``jaxoff.train._options.nest`` reads a flat one).
 
     >>> cfg = TrainConfig(model="tiny", lr=1e-3)
     >>> cfg.lr, cfg.optim_options.lr, cfg.model_options.model
@@ -84,85 +67,38 @@ class TrainConfig:
     run_options: RunOptions
     store_options: StoreOptions
     strategy_options: StrategyOptions
+    fuyou_options: FuyouOptions
 
-    def __init__(
-        self,
-        *,
-        model_options: ModelOptions | None = None,
-        data_options: DataOptions | None = None,
-        optim_options: OptimOptions | None = None,
-        run_options: RunOptions | None = None,
-        store_options: StoreOptions | None = None,
-        strategy_options: StrategyOptions | None = None,
-        **options: Any,
-    ) -> None:
-        unknown = [k for k in options if k not in GROUP_OF]
+    def __init__(self, **options: Any) -> None:
+        unknown = [k for k in options if k not in GROUP_OF and k not in GROUPS]
         if unknown:
             raise TypeError(f"TrainConfig got unexpected keyword arguments {unknown}")
-        given = {
-            "model_options": model_options,
-            "data_options": data_options,
-            "optim_options": optim_options,
-            "run_options": run_options,
-            "store_options": store_options,
-            "strategy_options": strategy_options,
-        }
+        given = {k: options.pop(k) for k in list(options) if k in GROUPS}
         for name, group in GROUPS.items():
-            value = given[name]
+            value = given.get(name)
             if value is None:
                 value = group()
+            elif isinstance(value, dict):
+                value = group(**nest({name: value})[name])
             elif not isinstance(value, group):
                 raise TypeError(f"TrainConfig: {name} must be a {group.__name__}, got {value!r}")
-            mine = {k: v for k, v in options.items() if GROUP_OF[k] == name}
+            mine = nest(options)[name]
             if mine:
                 value = dataclasses.replace(value, **mine)
             object.__setattr__(self, name, value)
 
-    # the options by their flat names, in FLAT_NAMES order (the command line's)
-    model = _Flat(lambda c: c.model_options.model)
-    init_from = _Flat(lambda c: c.model_options.init_from)
-    policy = _Flat(lambda c: c.model_options.policy)
-    positions = _Flat(lambda c: c.model_options.positions)
-    dtype = _Flat(lambda c: c.model_options.dtype)
-    param_dtype = _Flat(lambda c: c.model_options.param_dtype)
-    batch_size = _Flat(lambda c: c.data_options.batch_size)
-    grad_accum = _Flat(lambda c: c.data_options.grad_accum)
-    seq_len = _Flat(lambda c: c.data_options.seq_len)
-    steps = _Flat(lambda c: c.optim_options.steps)
-    optimizer = _Flat(lambda c: c.optim_options.optimizer)
-    lr = _Flat(lambda c: c.optim_options.lr)
-    warmup_steps = _Flat(lambda c: c.optim_options.warmup_steps)
-    weight_decay = _Flat(lambda c: c.optim_options.weight_decay)
-    clip_norm = _Flat(lambda c: c.optim_options.clip_norm)
-    seed = _Flat(lambda c: c.run_options.seed)
-    data = _Flat(lambda c: c.data_options.data)
-    tokenizer = _Flat(lambda c: c.data_options.tokenizer)
-    token_dtype = _Flat(lambda c: c.data_options.token_dtype)
-    val_fraction = _Flat(lambda c: c.data_options.val_fraction)
-    eval_every = _Flat(lambda c: c.run_options.eval_every)
-    eval_batches = _Flat(lambda c: c.run_options.eval_batches)
-    out_dir = _Flat(lambda c: c.run_options.out_dir)
-    ckpt_every = _Flat(lambda c: c.run_options.ckpt_every)
-    keep_checkpoints = _Flat(lambda c: c.run_options.keep_checkpoints)
-    resume = _Flat(lambda c: c.run_options.resume)
-    resume_fallback = _Flat(lambda c: c.run_options.resume_fallback)
-    resume_unverified = _Flat(lambda c: c.run_options.resume_unverified)
-    overwrite = _Flat(lambda c: c.run_options.overwrite)
-    stop_at = _Flat(lambda c: c.run_options.stop_at)
-    progress = _Flat(lambda c: c.run_options.progress)
-    plan = _Flat(lambda c: c.model_options.plan)
-    store = _Flat(lambda c: c.store_options.store)
-    chunk_mib = _Flat(lambda c: c.store_options.chunk_mib)
-    store_slots = _Flat(lambda c: c.store_options.store_slots)
-    paged_checkpoint = _Flat(lambda c: c.store_options.paged_checkpoint)
-    host_mem = _Flat(lambda c: c.store_options.host_mem)
-    placement = _Flat(lambda c: c.strategy_options.placement)
-    fsdp = _Flat(lambda c: c.strategy_options.fsdp)
-    strategy = _Flat(lambda c: c.strategy_options.strategy)
-    fuyou = _Flat(lambda c: c.strategy_options.fuyou)
-    page_params = _Flat(lambda c: c.strategy_options.page_params)
-    fuyou_read_ahead_mib = _Flat(lambda c: c.strategy_options.fuyou_read_ahead_mib)
-    compile_cache = _Flat(lambda c: c.run_options.compile_cache)
+    if not TYPE_CHECKING:  # a checker reads them as Any
+
+        def __getattr__(self, name: str) -> Any:
+            """An option by its flat name: ``cfg.lr`` is ``cfg.optim_options.lr``."""
+            group = GROUP_OF.get(name)
+            if group is None or group not in self.__dict__:
+                raise AttributeError(f"'TrainConfig' object has no attribute {name!r}")
+            return getattr(self.__dict__[group], name)
+
+    else:
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def options(self) -> dict[str, Any]:
         """The options by their flat names, in :data:`FLAT_NAMES` order: the keyword
@@ -178,39 +114,14 @@ class TrainConfig:
             from ..plan._planfile import apply_plan
 
             self = apply_plan(self)  # noqa: PLW0642 (the plan's policy replaces --policy)
-        if self.strategy not in typing.get_args(Strategy):
-            raise ConfigError(
-                f"--strategy must be one of {', '.join(typing.get_args(Strategy))}, got "
-                f"{self.strategy!r}"
-            )
+        self.strategy_options.check()
         if self.fuyou != (self.strategy == "fuyou"):  # --fuyou is --strategy fuyou
             self = dataclasses.replace(self, strategy="fuyou", fuyou=True)  # noqa: PLW0642
 
         model = self.model_config()  # raises ConfigError naming a bad --model or --policy
-        if not self.grad_accum >= 1:
-            raise ConfigError(
-                f"--grad-accum must be at least 1 (micro-batches per optimizer step; 1: no "
-                f"accumulation), got {self.grad_accum}"
-            )
-        for name in (
-            "batch_size",
-            "seq_len",
-            "steps",
-            "eval_batches",
-            "keep_checkpoints",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{_opt(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_every", "ckpt_every", "stop_at"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{_opt(name)} must be 0 or more, got {getattr(self, name)}")
-        for name in ("lr", "weight_decay", "clip_norm"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"--{_opt(name)} must be 0 or more, got {getattr(self, name)}")
-        if self.lr == 0:
-            raise ConfigError("--lr must be positive")
-        if not 0 < self.val_fraction < 0.5:
-            raise ConfigError(f"--val-fraction must be in (0, 0.5), got {self.val_fraction}")
+        self.data_options.check()
+        self.optim_options.check()
+        self.run_options.check()
         if self.seq_len > model.max_seq_len and self.init_from is not None:
             raise ConfigError(
                 f"--seq-len {self.seq_len} exceeds the {model.max_seq_len} positions of "
@@ -238,38 +149,22 @@ class TrainConfig:
             batch_size=self.batch_size,
         )
         self._check_grad_accum()
-        if self.store_dir() is not None:
-            from ..aio._layout import MAX_CHUNK_BYTES  # the page store's own bound
-
-            if not 1 <= self.chunk_mib <= MAX_CHUNK_BYTES >> 20:
-                raise ConfigError(
-                    f"--chunk-mib must be from 1 to {MAX_CHUNK_BYTES >> 20} (MiB per chunk of the "
-                    f"paged optimizer state), got {self.chunk_mib}"
-                )
-            self.host_mem_bytes()  # a size
-            if self.store_slots not in (1, 2):
-                raise ConfigError(
-                    f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
-                    f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}"
-                )
-        if self.paged_checkpoint not in typing.get_args(PagedCheckpoint):
-            raise ConfigError(
-                f"--paged-checkpoint must be copy or store, got {self.paged_checkpoint!r}"
-            )
-        if self.paged_checkpoint == "store" and self.store_dir() is None:
-            raise ConfigError(
-                "--paged-checkpoint store records the page store's version in each checkpoint, "
-                "but --store none keeps the optimizer state in RAM; drop --paged-checkpoint or "
-                "give a --store"
-            )
-        self._check_fuyou(model)
+        self.store_options.check()
+        self.fuyou_options.check()
+        self.fuyou_options.check_run(
+            RunShape(
+                policy=self.policy,
+                grad_accum=self.grad_accum,
+                paged=self.store_dir() is not None,
+                clip_norm=self.clip_norm,
+                devices=self.fsdp,
+                processes=jax.process_count(),
+                placement=self.placement,
+            ),
+            model,
+        )
         self.data_options.check_files()
         check_writable(Path(self.out_dir), "--out-dir", "choose another --out-dir")
-        if not self.compile_cache.strip():
-            raise ConfigError(
-                "--compile-cache is empty: give a directory, auto (<out-dir>/compile-cache) or "
-                "none (JAX's own setting)"
-            )
         if self.compile_cache not in ("auto", "none"):
             check_writable(
                 Path(self.compile_cache).expanduser(),
@@ -292,71 +187,6 @@ class TrainConfig:
                 f"would hold a whole float32 gradient tree on the device, the memory the "
                 f"streaming saves; use --placement host_params or device with --grad-accum"
             )
-
-    def _check_fuyou(self, model) -> None:
-        """--fuyou and --page-params fit the rest of the options (each error says what to
-        change)."""
-        if self.page_params and not self.fuyou:
-            raise ConfigError(
-                "--page-params pages the block parameters through Fuyou's step: add --fuyou"
-            )
-        if self.fuyou_read_ahead_mib is not None and not self.fuyou:
-            raise ConfigError(
-                "--fuyou-read-ahead-mib sets what Fuyou's step reads ahead of each layer's "
-                "update: add --fuyou, or leave it out"
-            )
-        if self.fuyou_read_ahead_mib is not None and self.fuyou_read_ahead_mib < 0:
-            raise ConfigError(
-                f"--fuyou-read-ahead-mib must be >= 0 (MiB of optimizer state read ahead of "
-                f"each layer's update; 0: each tensor's first chunk only), got "
-                f"{self.fuyou_read_ahead_mib}"
-            )
-        if not self.fuyou:
-            return
-        if self.grad_accum > 1:
-            raise ConfigError(
-                f"--grad-accum {self.grad_accum} does not apply to --strategy fuyou, which "
-                f"updates each layer inside the backward pass as soon as its gradients exist: "
-                f"there is no step-wide gradient to accumulate (holding one would cost the "
-                f"gradient memory Fuyou saves); use --strategy plain with --store and "
-                f"--grad-accum (the paged update after the backward pass), or a larger "
-                f"--batch-size under Fuyou"
-            )
-        from ..nn import recomputes_everything
-
-        stack = getattr(model, "stack", None)
-        if self.policy != "none" and not recomputes_everything(getattr(stack, "policy", None)):
-            raise ConfigError(
-                f"--policy {self.policy} does not apply to --strategy fuyou, which recomputes "
-                f"each block whole in backward (what --policy full does): leave --policy out "
-                f"or pass --policy full"
-            )
-        if self.store_dir() is None:
-            raise ConfigError(
-                "--fuyou pages the optimizer state inside the backward pass and needs a page "
-                "store: leave out --store none (or name a --store directory)"
-            )
-        if self.clip_norm > 0:
-            raise ConfigError(
-                "--fuyou updates each layer inside the backward pass, as soon as its gradients "
-                f"exist, so it cannot clip by the global gradient norm (--clip-norm "
-                f"{self.clip_norm} needs every gradient before the first update): pass "
-                "--clip-norm 0"
-            )
-        if self.fsdp != 1 or jax.process_count() > 1:
-            raise ConfigError(
-                "--fuyou runs on one device in one process: use --fsdp 1 (and one process), "
-                "or leave out --fuyou"
-            )
-        if self.placement != "device":
-            raise ConfigError(
-                f"--fuyou keeps the parameters in the training state (or, with "
-                f"--page-params, in the page store) and the optimizer state in the store: "
-                f"--placement {self.placement} does not apply; use --placement device"
-            )
-        from ..strategies.fuyou import check_model
-
-        check_model(model)  # a protocol model with stacked blocks, one block per layer step
 
     def _with_init_from(self) -> TrainConfig:
         """``--init-from``: refuses a contradiction and a folder that cannot be read (every
@@ -405,8 +235,7 @@ class TrainConfig:
 
     def fuyou_read_ahead_bytes(self) -> int | None:
         """``--fuyou-read-ahead-mib`` in bytes (None: Fuyou's default)."""
-        mib = self.fuyou_read_ahead_mib
-        return None if mib is None else mib << 20
+        return self.fuyou_options.read_ahead_bytes()
 
     def model_config(self):
         """The model config this run trains (a :class:`jaxoff.nn.LayeredModel`), with
@@ -505,41 +334,25 @@ class TrainConfig:
 
     def host_mem_bytes(self) -> int:
         """``--host-mem`` in bytes (0: no RAM tier)."""
-        from ..plan._hardware import parse_size
-
-        text = self.store_options.host_mem
-        try:
-            size = parse_size(text)
-        except ConfigError:
-            size = -1.0
-        if size < 0:
-            raise ConfigError(
-                f"--host-mem must be a size such as 4GiB, 512MiB or 0 (no RAM tier), got {text!r}"
-            )
-        return int(size)
+        return self.store_options.host_mem_bytes()
 
     def to_json(self) -> dict:
-        values = self.options()
-        values["model"] = self.model_label()
-        values["processes"] = jax.process_count()  # a run resumes on as many processes
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
+        """What ``config.json`` holds: the options by group (the model as
+        :meth:`model_label` names it), and the processes that train the run."""
+        doc: dict[str, Any] = {
+            name: {
+                f.name: _jsonable(getattr(getattr(self, name), f.name))
+                for f in dataclasses.fields(group)
+            }
+            for name, group in GROUPS.items()
+        }
+        doc["model_options"]["model"] = self.model_label()
+        doc["processes"] = jax.process_count()  # a run resumes on as many processes
+        return doc
 
 
-def flat_options_type() -> type:
-    """A flat frozen dataclass of every option (field order :data:`FLAT_NAMES`, defaults and
-    docs from the groups): what the command line parses; ``TrainConfig(**vars(parsed))``
-    turns it into a config."""
-    fields, docs = [], []
-    for group in GROUPS.values():
-        hints = typing.get_type_hints(group)
-        doc = inspect.cleandoc(group.__doc__ or "")
-        docs.append(doc.split("Attributes:\n", 1)[1])
-        for f in dataclasses.fields(group):
-            fields.append((f.name, hints[f.name], dataclasses.field(default=f.default)))
-    fields.sort(key=lambda f: FLAT_NAMES.index(f[0]))
-    flat = dataclasses.make_dataclass("TrainConfig", fields, frozen=True)
-    flat.__doc__ = "Every option of ``jaxoff train``.\n\nAttributes:\n" + "\n".join(docs)
-    return flat
+def _jsonable(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
 
 
 # Fields that may differ between a run and its resumption without changing the result.

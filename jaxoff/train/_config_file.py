@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from .._errors import ConfigError
-from ._options import FLAT_NAMES, GROUPS
+from ._options import GROUPS, nest
 
 
 def _type_error(value, hint) -> str | None:
@@ -31,7 +31,9 @@ def _type_error(value, hint) -> str | None:
 
 
 def load_config_file(path: Path | str) -> dict:
-    """Reads a TOML config file into ``TrainConfig`` keyword arguments (unknown keys refused)."""
+    """Reads a TOML config file into ``TrainConfig`` keyword arguments, by group: its
+    ``[train]`` table names options flat (``lr = 3e-4``) or by group
+    (``[train.optim_options]``); unknown keys and values of the wrong type are refused."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file")
@@ -39,21 +41,16 @@ def load_config_file(path: Path | str) -> dict:
         values = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
-    values = values.get("train", values)
-    unknown = sorted(set(values) - set(FLAT_NAMES))
-    if unknown:
-        raise ConfigError(
-            f"--config {path}: unknown keys {unknown}; valid keys are {', '.join(FLAT_NAMES)}"
-        )
-    hints = {k: v for group in GROUPS.values() for k, v in typing.get_type_hints(group).items()}
-    for key, value in values.items():
-        expected = _type_error(value, hints[key])
-        if expected is not None:
-            raise ConfigError(
-                f"--config {path}: {key} must be {expected}, got {value!r} "
-                f"({type(value).__name__}); fix that line or leave it out"
-            )
-    for key in ("data", "tokenizer", "out_dir", "plan"):
-        if values.get(key) is not None:
-            values[key] = Path(values[key])
+    values = nest(values.get("train", values), where=f"--config {path}")
+    for name, group in GROUPS.items():
+        hints = typing.get_type_hints(group)
+        for key, value in values[name].items():
+            expected = _type_error(value, hints[key])
+            if expected is not None:
+                raise ConfigError(
+                    f"--config {path}: {key} must be {expected}, got {value!r} "
+                    f"({type(value).__name__}); fix that line or leave it out"
+                )
+            if hints[key] in (Path, Path | None) and value is not None:
+                values[name][key] = Path(value)
     return values

@@ -77,10 +77,10 @@ class ExportConfig:
 def run_config(run: Path):
     """The ``TrainConfig`` a run was trained with (its ``config.json``)."""
     from ._config import TrainConfig
-    from ._options import FLAT_NAMES
+    from ._options import flat_options
 
     saved = json.loads((Path(run) / "config.json").read_text())
-    return TrainConfig(**{k: saved[k] for k in FLAT_NAMES if k in saved})
+    return TrainConfig(**flat_options(saved, extra=()))
 
 
 def _model_config(train_cfg):

@@ -1,20 +1,26 @@
-"""The groups of options that make up a :class:`~jaxoff.train.TrainConfig`.
+"""The groups of options that make up a :class:`~jaxoff.train.TrainConfig`: the only place
+an option of ``jaxoff train`` is defined.
 
-Each group is a frozen dataclass of the options one part of training reads: the optimizer
-builder takes :class:`OptimOptions`, the data checks take :class:`DataOptions`, and so on.
-``TrainConfig`` holds one of each (``cfg.optim_options``, ...) and reads each option by its
-flat name too (``cfg.lr`` is ``cfg.optim_options.lr``); the command line and ``config.json``
-use the flat names. No two groups share an option name.
+Each group is a frozen dataclass of the options one part of training reads (the optimizer
+builder takes :class:`OptimOptions`, the data checks :class:`DataOptions`, ...) and checks its
+own values (``check()``); Fuyou's group (``FuyouOptions``) belongs to its strategy
+(``jaxoff.strategies.fuyou``). ``TrainConfig`` holds one of each (``cfg.optim_options``, ...)
+and reads each option by its flat name too (``cfg.lr`` is ``cfg.optim_options.lr``); the
+command line names them flat (``--lr``). No two groups share an option name, so every flat
+name (:data:`FLAT_NAMES`, :data:`GROUP_OF`) follows from the groups; `nest` turns flat names
+(a TOML file's, an older ``config.json``'s) into groups.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .._errors import ConfigError
+from ..strategies.fuyou import FuyouOptions
 
 Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
 Strategy = Literal["plain", "fuyou"]
@@ -98,6 +104,17 @@ class DataOptions:
     token_dtype: str = "auto"
     val_fraction: float = 0.05
 
+    def check(self) -> None:
+        """The batch shape and the held-out share (the files: :meth:`check_files`)."""
+        if not self.grad_accum >= 1:
+            raise ConfigError(
+                f"--grad-accum must be at least 1 (micro-batches per optimizer step; 1: no "
+                f"accumulation), got {self.grad_accum}"
+            )
+        _at_least(self, 1, "batch_size", "seq_len")
+        if not 0 < self.val_fraction < 0.5:
+            raise ConfigError(f"--val-fraction must be in (0, 0.5), got {self.val_fraction}")
+
     def check_files(self) -> None:
         """--data exists, and --tokenizer and --token-dtype fit it (raises ConfigError)."""
         if self.data is not None and not Path(self.data).exists():
@@ -125,6 +142,17 @@ class OptimOptions:
     warmup_steps: int = 30
     weight_decay: float = 0.1
     clip_norm: float = 1.0
+
+    def check(self) -> None:
+        _at_least(self, 1, "steps")
+        _at_least(self, 0, "warmup_steps", "lr", "weight_decay", "clip_norm")
+        if self.lr == 0:
+            raise ConfigError("--lr must be positive")
+        if self.optimizer not in typing.get_args(Optimizer):
+            raise ConfigError(
+                f"--optimizer must be one of {', '.join(typing.get_args(Optimizer))}, got "
+                f"{self.optimizer!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +201,17 @@ class RunOptions:
     progress: bool = True
     compile_cache: str = "auto"
 
+    def check(self) -> None:
+        """The counts and the cache's name (the folders are probed last, by
+        ``TrainConfig.validate``: nothing is written before every value is known good)."""
+        _at_least(self, 1, "eval_batches", "keep_checkpoints")
+        _at_least(self, 0, "eval_every", "ckpt_every", "stop_at")
+        if not self.compile_cache.strip():
+            raise ConfigError(
+                "--compile-cache is empty: give a directory, auto (<out-dir>/compile-cache) or "
+                "none (JAX's own setting)"
+            )
+
 
 @dataclasses.dataclass(frozen=True)
 class StoreOptions:
@@ -210,6 +249,52 @@ class StoreOptions:
     paged_checkpoint: PagedCheckpoint = "copy"
     host_mem: str = "0"
 
+    @property
+    def paged(self) -> bool:
+        """Whether a page store holds the optimizer state (``--store`` is not ``none``)."""
+        return self.store != "none"
+
+    def check(self) -> None:
+        from ..aio import MAX_CHUNK_BYTES  # the page store's own bound
+
+        if self.paged:
+            if not 1 <= self.chunk_mib <= MAX_CHUNK_BYTES >> 20:
+                raise ConfigError(
+                    f"--chunk-mib must be from 1 to {MAX_CHUNK_BYTES >> 20} (MiB per chunk of "
+                    f"the paged optimizer state), got {self.chunk_mib}"
+                )
+            self.host_mem_bytes()  # a size
+            if self.store_slots not in (1, 2):
+                raise ConfigError(
+                    f"--store-slots must be 2 (crash-safe) or 1 (in place, half the disk; a "
+                    f"crash mid-step needs --resume from a checkpoint), got {self.store_slots}"
+                )
+        if self.paged_checkpoint not in typing.get_args(PagedCheckpoint):
+            raise ConfigError(
+                f"--paged-checkpoint must be copy or store, got {self.paged_checkpoint!r}"
+            )
+        if self.paged_checkpoint == "store" and not self.paged:
+            raise ConfigError(
+                "--paged-checkpoint store records the page store's version in each checkpoint, "
+                "but --store none keeps the optimizer state in RAM; drop --paged-checkpoint or "
+                "give a --store"
+            )
+
+    def host_mem_bytes(self) -> int:
+        """``--host-mem`` in bytes (0: no RAM tier)."""
+        from ..plan import parse_size
+
+        try:
+            size = parse_size(self.host_mem)
+        except ConfigError:
+            size = -1.0
+        if size < 0:
+            raise ConfigError(
+                f"--host-mem must be a size such as 4GiB, 512MiB or 0 (no RAM tier), got "
+                f"{self.host_mem!r}"
+            )
+        return int(size)
+
 
 @dataclasses.dataclass(frozen=True)
 class StrategyOptions:
@@ -230,25 +315,20 @@ class StrategyOptions:
             global gradient norm exists), one device (--fsdp 1, --placement device); it
             recomputes each block in backward, so its --policy is none (the default) or one
             that recomputes everything (full, nothing_saveable).
-        fuyou: the same as --strategy fuyou (an alias).
-        page_params: with --strategy fuyou, the stacked block parameters live in the page
-            store too (ZeRO-Infinity's parameter offload): each layer's are read one layer
-            ahead in forward and in backward and written by its update, so RAM holds the
-            embeddings, the head and a window of two layers instead of the model. Evaluation
-            reads them from the store the same way.
-        fuyou_read_ahead_mib: with --strategy fuyou, MiB of optimizer state read ahead of
-            each layer's update while the layer above it is differentiated: the whole layer
-            when its state fits, else the leading chunks of each of its tensors (the rest is
-            read by the update itself, not hidden). Staging may hold four times this; 0 reads
-            each tensor's first chunk only. Default: 128 MiB or 1/32 of RAM, the larger.
     """
 
     placement: str = "device"
     fsdp: int = 1
     strategy: Strategy = "plain"
-    fuyou: bool = False
-    page_params: bool = False
-    fuyou_read_ahead_mib: int | None = None
+
+    def check(self) -> None:
+        if self.strategy not in typing.get_args(Strategy):
+            raise ConfigError(
+                f"--strategy must be one of {', '.join(typing.get_args(Strategy))}, got "
+                f"{self.strategy!r}"
+            )
+        if self.fsdp < 1:
+            raise ConfigError(f"--fsdp must be at least 1 (devices), got {self.fsdp}")
 
 
 GROUPS: dict[str, type] = {
@@ -258,6 +338,7 @@ GROUPS: dict[str, type] = {
     "run_options": RunOptions,
     "store_options": StoreOptions,
     "strategy_options": StrategyOptions,
+    "fuyou_options": FuyouOptions,
 }
 """``TrainConfig``'s field name -> the group's type, in field order."""
 
@@ -266,55 +347,64 @@ GROUP_OF: dict[str, str] = {
 }
 """Flat option name -> the ``TrainConfig`` field of the group that holds it."""
 
-FLAT_NAMES: tuple[str, ...] = (
-    "model",
-    "init_from",
-    "policy",
-    "positions",
-    "dtype",
-    "param_dtype",
-    "batch_size",
-    "grad_accum",
-    "seq_len",
-    "steps",
-    "optimizer",
-    "lr",
-    "warmup_steps",
-    "weight_decay",
-    "clip_norm",
-    "seed",
-    "data",
-    "tokenizer",
-    "token_dtype",
-    "val_fraction",
-    "eval_every",
-    "eval_batches",
-    "out_dir",
-    "ckpt_every",
-    "keep_checkpoints",
-    "resume",
-    "resume_fallback",
-    "resume_unverified",
-    "overwrite",
-    "stop_at",
-    "progress",
-    "plan",
-    "store",
-    "chunk_mib",
-    "store_slots",
-    "paged_checkpoint",
-    "host_mem",
-    "placement",
-    "fsdp",
-    "strategy",
-    "fuyou",
-    "page_params",
-    "fuyou_read_ahead_mib",
-    "compile_cache",
-)
-"""Every option's flat name, in the order of ``jaxoff train --help`` (and of the
-flat dataclass ``TrainConfig`` was before it had groups); ``TrainConfig`` reads each
-by this name, in this order."""
+FLAT_NAMES: tuple[str, ...] = tuple(GROUP_OF)
+"""Every option's flat name, group by group in :data:`GROUPS` order (that of ``jaxoff train
+--help``)."""
+
+
+def nest(values: dict[str, Any], where: str = "TrainConfig") -> dict[str, dict[str, Any]]:
+    """``{group field: {option: value}}`` of ``values``, whose keys are flat option names
+    (``lr``: a TOML file's ``[train]`` table, a ``config.json`` written before the options
+    had groups) or group fields (``optim_options``: a dict of its options, or the group
+    itself): the one converter from flat names to groups. Raises `ConfigError` naming
+    ``where`` for a key that is neither.
+
+    >>> nest({"lr": 0.5, "run_options": {"seed": 3}})["optim_options"]
+    {'lr': 0.5}
+    """
+    out: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    unknown = []
+    for key, value in values.items():
+        if key in GROUPS:
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {key} must be a table of its options, got {value!r}")
+            bad = sorted(k for k in value if GROUP_OF.get(k) != key)
+            if bad:
+                raise ConfigError(f"{where}: {key} has no options {bad}")
+            out[key].update(value)
+        elif key in GROUP_OF:
+            out[GROUP_OF[key]][key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown keys {sorted(unknown)}; valid keys are {', '.join(FLAT_NAMES)} "
+            f"(or their groups, {', '.join(GROUPS)})"
+        )
+    return out
+
+
+def flat_options(doc: dict[str, Any], extra: tuple[str, ...] = ("processes",)) -> dict[str, Any]:
+    """A saved ``config.json`` (by group, or flat as written before the groups) as flat
+    option names, with the ``extra`` keys it records beside the options (the processes);
+    keys it holds of options no longer known are dropped (`nest` for the rest)."""
+    known = {k: v for k, v in doc.items() if k in GROUP_OF or k in GROUPS}
+    for name in GROUPS:
+        if isinstance(known.get(name), dict):
+            known[name] = {k: v for k, v in known[name].items() if GROUP_OF.get(k) == name}
+    flat = {k: v for group in nest(known, "config.json").values() for k, v in group.items()}
+    return flat | {k: doc[k] for k in extra if k in doc}
+
+
+def _at_least(group: Any, low: int, *names: str) -> None:
+    """Each option ``names`` of ``group`` is at least ``low`` (a NaN is not)."""
+    for name in names:
+        value = getattr(group, name)
+        if not value >= low:
+            more = "at least 1" if low == 1 else f"{low} or more"
+            raise ConfigError(f"--{name.replace('_', '-')} must be {more}, got {value}")
 
 
 def check_data_options(data: Path | None, tokenizer: Path | None, token_dtype: str) -> None:

@@ -13,6 +13,7 @@ from .._errors import ConfigError, JaxoffError
 from ._checkpoint import check_resumable, complete_steps, remove_step, step_dirs
 from ._checksums import CheckpointDamagedError, verify_checksums, write_checksums
 from ._config import RESUMABLE_CHANGES, TrainConfig
+from ._options import flat_options
 
 
 def say(message: str) -> None:
@@ -102,7 +103,7 @@ def grow_run(cfg: TrainConfig, done: int) -> None:
     grown part resumes bitwise; said in one line."""
     path = Path(cfg.out_dir) / "config.json"
     saved = json.loads(path.read_text())
-    before = saved.get("steps")
+    before = flat_options(saved).get("steps")
     if before == cfg.steps:
         return
     if cfg.steps < done:
@@ -116,7 +117,11 @@ def grow_run(cfg: TrainConfig, done: int) -> None:
         f"trained under the {before}-step schedule)"
     )
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({**saved, "steps": cfg.steps}, indent=2, sort_keys=True))
+    if "optim_options" in saved:  # by group (older ones were flat)
+        saved["optim_options"]["steps"] = cfg.steps
+    else:
+        saved["steps"] = cfg.steps
+    tmp.write_text(json.dumps(saved, indent=2, sort_keys=True))
     os.replace(tmp, path)
 
 

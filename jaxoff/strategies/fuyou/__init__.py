@@ -72,11 +72,15 @@ from ._layout import check_model as check_model
 from ._layout import default_read_ahead_bytes as default_read_ahead_bytes
 from ._layout import fuyou_table as fuyou_table
 from ._loss import make_fuyou_loss as make_fuyou_loss
+from ._options import FuyouOptions as FuyouOptions
+from ._options import RunShape as RunShape
 from ._step import make_fuyou_step as make_fuyou_step
 
 __all__ = [
     "READ_AHEAD_BYTES",
+    "FuyouOptions",
     "FuyouState",
+    "RunShape",
     "blocks_from_bits",
     "blocks_to_bits",
     "check_model",
