@@ -41,7 +41,7 @@ def _measure(model_cfg, store_root) -> dict:
 
 
 def test_compare_runs_fuyou_in_the_bits_form_where_train_does(tmp_path, monkeypatch):
-    from jaxoff.strategies import _fuyou_train
+    from jaxoff.strategies.fuyou import _train as _fuyou_train
 
     assert _fuyou_train.bits_apply(BF16_TINY, False)  # the trainer's decision for this model
     seen = _spy_bits(monkeypatch)

@@ -517,7 +517,7 @@ def test_compare_measures_the_accumulating_step(tmp_path, tiny_temps):
         )
     )
     assert rows[0]["temp_bytes"] == temps[N]
-    plain = measure_policy("tiny", "none", B, SEQ, 1, 0)
+    plain = measure_policy("tiny", "none", B, SEQ, steps=1, warmup=0)
     assert _about_one_gradient_tree(rows[0]["temp_bytes"] - plain["temp_bytes"], grads)
     # four micro-batches of forward and backward, one update (a small share of the FLOPs)
     assert rows[0]["flops"] == pytest.approx(N * plain["flops"], rel=0.05)

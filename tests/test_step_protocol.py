@@ -21,7 +21,7 @@ from test_bad_invocations import _call, check_one_line
 
 from jaxoff.step import PlainStep, ShardedPagedStep, Step
 from jaxoff.strategies import STEP_BUILDERS, build_step
-from jaxoff.strategies._fuyou_train import FuyouStep
+from jaxoff.strategies.fuyou import FuyouStep
 from jaxoff.train import TrainConfig, train
 
 COMMON = dict(

@@ -195,9 +195,9 @@ def _spy_bits(monkeypatch) -> list[tuple[bool, frozenset]]:
     of the stacked block leaves of the state it is traced with."""
     import jax
 
-    from jaxoff.strategies import fuyou
+    from jaxoff.strategies.fuyou import _train  # where FuyouStep builds its step
 
-    seen, real = [], fuyou.make_fuyou_step
+    seen, real = [], _train.make_fuyou_step
 
     def spy(*args, **kw):
         step = real(*args, **kw)
@@ -209,7 +209,7 @@ def _spy_bits(monkeypatch) -> list[tuple[bool, frozenset]]:
 
         return traced
 
-    monkeypatch.setattr(fuyou, "make_fuyou_step", spy)
+    monkeypatch.setattr(_train, "make_fuyou_step", spy)
     return seen
 
 
@@ -220,7 +220,7 @@ def test_fuyou_trainer_runs_bf16_blocks_as_bits_bitwise(tmp_path, monkeypatch):
     paged part holds, and a resumed run, made from those, is bitwise an uninterrupted one; a
     checkpoint of the float step (blocks in orbax) resumes into the bits step bitwise too."""
     from jaxoff.models.gpt import CONFIGS
-    from jaxoff.strategies import _fuyou_train
+    from jaxoff.strategies.fuyou import _train as _fuyou_train
 
     bf16 = dict(fuyou=True, param_dtype="bfloat16", dtype="bfloat16")
     assert not _fuyou_train.bits_apply(CONFIGS["tiny"], False)  # float32: as they are

@@ -148,7 +148,7 @@ def speed_under_budget(model, batch, seq, frac, steps, hw, out):
     }
     results = {}
     for label, s in candidates.items():
-        r = measure_policy(model, s, batch, seq, steps, 1)
+        r = measure_policy(model, s, batch, seq, steps=steps, warmup=1)
         args = r["argument_bytes"]
         r["device_bytes"] = r["temp_bytes"] + args
         r["fits"] = r["device_bytes"] <= budget

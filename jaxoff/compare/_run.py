@@ -80,9 +80,9 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
                     spec,
                     cfg.batch_size,
                     cfg.seq_len,
-                    cfg.steps,
-                    cfg.warmup,
-                    cfg.seed,
+                    steps=cfg.steps,
+                    warmup=cfg.warmup,
+                    seed=cfg.seed,
                     placement=placement,
                     grad_accum=cfg.grad_accum,
                 )

@@ -163,6 +163,7 @@ def measure_strategy(
     recipe: dict,
     batch: int,
     seq: int,
+    *,
     steps: int,
     warmup: int,
     seed: int = 0,

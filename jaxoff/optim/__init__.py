@@ -12,6 +12,7 @@ Strategies that page the update themselves build on `jaxoff.optim.chunks`.
 """
 
 from ._checkpoint import load_state as load_state
+from ._checkpoint import manifest_extra as paged_checkpoint_extra
 from ._checkpoint import restore_paged as restore_paged
 from ._checkpoint import save_paged as save_paged
 from ._checks import NotElementwiseError as NotElementwiseError
@@ -44,6 +45,7 @@ __all__ = [
     "fused_adamw",
     "load_state",
     "paged",
+    "paged_checkpoint_extra",
     "restore_paged",
     "save_paged",
     "update_and_apply",

@@ -88,7 +88,7 @@ def _inner_dtypes(plan: Plan, master_dtype) -> list:
 
 
 def chunk_update(
-    plan: Plan, inner, master_dtype, j: int, g, p, chunks, ram_inner, extra: dict
+    plan: Plan, inner, master_dtype, j: int, g, p, chunks, ram_inner, *, extra: dict
 ) -> tuple[jax.Array, list]:
     """Runs the inner update on chunk ``g``/``p`` (flat) of leaf ``j``.
 
@@ -114,7 +114,9 @@ def traced_once(plan: Plan, inner, master_dtype, j: int):
     traced step, chunks of the same shape reuse one trace, and XLA inlines it (the step's
     program is unchanged)."""
     return jax.jit(
-        lambda g, p, states, ram: chunk_update(plan, inner, master_dtype, j, g, p, states, ram, {})
+        lambda g, p, states, ram: chunk_update(
+            plan, inner, master_dtype, j, g, p, states, ram, extra={}
+        )
     )
 
 
@@ -177,7 +179,7 @@ def _first_leaf_error(plan: Plan, inner, master_dtype) -> Exception | None:
     try:
         jax.eval_shape(lambda p: chunk_init(plan, inner, master_dtype, 0, p), x)
         jax.eval_shape(
-            lambda g, p, c, r: chunk_update(plan, inner, master_dtype, 0, g, p, c, r, {}),
+            lambda g, p, c, r: chunk_update(plan, inner, master_dtype, 0, g, p, c, r, extra={}),
             x,
             x,
             chunks,

@@ -190,7 +190,9 @@ class ChunkUpdater:
           the new params or updates (shape of params).
         """
         extra = {} if extra is None else extra
-        return update_leaf(self._pager, rec, plan, leaf, grads, params, ram, names, extra, apply)
+        return update_leaf(
+            self._pager, rec, plan, leaf, grads, params, ram, names, extra=extra, apply=apply
+        )
 
     def put_ram(self, rec: StepRecorder, plan: Plan, ram: list) -> None:
         """Puts the new RAM leaves ``ram`` (traced: `ram_update`'s result) in the step

@@ -4,7 +4,8 @@ each leaf's takes and puts, the RAM leaves' entry, commit."""
 
 from __future__ import annotations
 
-from typing import cast
+import dataclasses
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,9 @@ def paged_update(pager, grads, state: PagedState, params, *, apply: bool, extra:
     outs = []
     for leaf, g, p in zip(plan.leaves, g_leaves, p_leaves, strict=True):
         names = fixed_names([plan.entries[k].name for k in leaf.entries])
-        outs.append(update_leaf(pager, rec, plan, leaf, g, p, inner_ram, names, extra, apply))
+        outs.append(
+            update_leaf(pager, rec, plan, leaf, g, p, inner_ram, names, extra=extra, apply=apply)
+        )
     new_ram = tuple(pre_ram) + tuple(new_inner_ram)
     rec.put(lambda env: (RAM_ENTRY, 0), ram_bytes(plan, new_ram))
     rec.commit()
@@ -56,50 +59,68 @@ def paged_update(pager, grads, state: PagedState, params, *, apply: bool, extra:
     return out_tree, make_state(plan, pager.root, state.version + 1, new_ram)
 
 
-def update_leaf(pager, rec, plan, leaf, grads, params, ram, names, extra, apply):
+def update_leaf(pager, rec, plan, leaf, grads, params, ram, names, *, extra, apply):
     """Pages ``params`` (leaf ``leaf`` of ``plan``, or a contiguous part of it that the store
     entries ``names`` hold, e.g. one layer of a stacked leaf) through the update in the step
-    ``rec``: chunk by chunk, `compute_chunk` between each chunk's takes and puts, inside a
-    `one_trip` scan. Returns the new parameters (``apply``) or float32 updates, shaped as
+    ``rec``: chunk by chunk, `_LeafUpdate.chunk` between each chunk's takes and puts, inside
+    a `one_trip` scan. Returns the new parameters (``apply``) or float32 updates, shaped as
     ``params``."""
     check_index_range(leaf.name, params.size, leaf.chunk_elems)
     n_full, tail = divmod(params.size, leaf.chunk_elems)
     storages = [plan.entries[k].storage for k in leaf.entries]
     g_flat, p_flat = grads.reshape(-1), params.reshape(-1)
+    update = _LeafUpdate(pager, plan, leaf, g_flat, p_flat, ram, extra, apply)
 
     def pipeline(out):
-        def compute(i, n, chunks):
-            return compute_chunk(pager, plan, leaf, g_flat, p_flat, ram, extra, apply, i, n, chunks)
+        return page_leaf(rec, names, storages, leaf.chunk_elems, n_full, tail, out, update.chunk)
 
-        return page_leaf(rec, names, storages, leaf.chunk_elems, n_full, tail, out, compute)
-
-    out = p_flat if apply else jnp.zeros((params.size,), pager.master_dtype)
+    out = update.p_flat if apply else jnp.zeros((params.size,), pager.master_dtype)
     # The pipeline reads materialised gradients (see `one_trip`): fused into some chunks'
     # updates and not others, the last ops of the gradient (or of clipping, or of a sum of
     # gradient contributions) would change FMA contraction and hence the last bit.
     return one_trip(rec, pipeline, out).reshape(params.shape)
 
 
-def compute_chunk(pager, plan, leaf, g_flat, p_flat, inner_ram, extra, apply, i, n, chunks):
-    start = i * leaf.chunk_elems
-    g = _slice_bits(g_flat, start, n)
-    p_ram = _slice_bits(p_flat, start, n)
-    entries = [plan.entries[k] for k in leaf.entries]
-    chunks = [x.astype(e.dtype) for e, x in zip(entries, chunks, strict=True)]
-    p_in, states = (chunks[0], chunks[1:]) if leaf.master else (p_ram, chunks)
-    u, new_states = chunk_update(pager, plan, leaf.index, g, p_in, states, inner_ram, extra)
-    # The new parameters are computed here, fused with the update as plain optax fuses
-    # them (XLA contracts a*b+c to FMA inside a fusion); the returned updates are then the
-    # exact difference, so that optax.apply_updates(params, updates) reproduces them.
-    new_p = cast(jax.Array, optax.apply_updates(p_in, u))  # a chunk in, an array out
-    if leaf.master:
-        writes = [new_p, *new_states]
-        new_param = new_p.astype(leaf.dtype)
-    else:
-        writes = list(new_states)
-        new_param = new_p
-    out = new_param if apply else exact_delta(new_param, p_ram)
-    return out, [w.astype(e.storage) for e, w in zip(entries, writes, strict=True)]
+@dataclasses.dataclass(frozen=True)
+class _LeafUpdate:
+    """One leaf's update, chunk by chunk: its flat gradients and parameters, the inner
+    optimizer's RAM leaves, the extra arguments of its update, and whether the result is
+    the new parameters (``apply``) or float32 updates."""
+
+    pager: Any
+    plan: Any
+    leaf: Any
+    g_flat: jax.Array
+    p_flat: jax.Array
+    inner_ram: Any
+    extra: dict
+    apply: bool
+
+    def chunk(self, i, n, chunks):
+        """Chunk ``i`` (``n`` elements) of the leaf updated from its paged ``chunks``:
+        ``(the chunk's result, the chunks to write)``."""
+        leaf, plan = self.leaf, self.plan
+        start = i * leaf.chunk_elems
+        g = _slice_bits(self.g_flat, start, n)
+        p_ram = _slice_bits(self.p_flat, start, n)
+        entries = [plan.entries[k] for k in leaf.entries]
+        chunks = [x.astype(e.dtype) for e, x in zip(entries, chunks, strict=True)]
+        p_in, states = (chunks[0], chunks[1:]) if leaf.master else (p_ram, chunks)
+        u, new_states = chunk_update(
+            self.pager, plan, leaf.index, g, p_in, states, self.inner_ram, self.extra
+        )
+        # The new parameters are computed here, fused with the update as plain optax fuses
+        # them (XLA contracts a*b+c to FMA inside a fusion); the returned updates are then
+        # the exact difference, so that optax.apply_updates(params, updates) reproduces them.
+        new_p = cast(jax.Array, optax.apply_updates(p_in, u))  # a chunk in, an array out
+        if leaf.master:
+            writes = [new_p, *new_states]
+            new_param = new_p.astype(leaf.dtype)
+        else:
+            writes = list(new_states)
+            new_param = new_p
+        out = new_param if self.apply else exact_delta(new_param, p_ram)
+        return out, [w.astype(e.storage) for e, w in zip(entries, writes, strict=True)]
 
 
 def chunk_update(pager, plan, j, g, p, states, inner_ram, extra):
@@ -109,7 +130,7 @@ def chunk_update(pager, plan, j, g, p, states, inner_ram, extra):
     args = (g, p, states, inner_ram)
     if extra or not all(isinstance(x, jax.Array) for x in jax.tree.leaves(args)):
         return _chunk.chunk_update(
-            plan, pager.inner, pager.master_dtype, j, g, p, states, inner_ram, extra
+            plan, pager.inner, pager.master_dtype, j, g, p, states, inner_ram, extra=extra
         )
     key = (id(plan), j)
     if key not in pager._chunk_fns:  # the plan kept alive with it: its id stays its own

@@ -18,6 +18,7 @@ from ._plain import compile_step as compile_step
 from ._plain import cross_entropy as cross_entropy
 from ._plain import export_step as export_step
 from ._plain import init_state as init_state
+from ._plain import loss_of_params as loss_of_params
 from ._plain import make_loss_fn as make_loss_fn
 from ._plain import make_train_step as make_train_step
 from ._plain import optimizer as optimizer
@@ -43,6 +44,7 @@ __all__ = [
     "check_placement_export",
     "compile_step",
     "cross_entropy",
+    "loss_of_params",
     "export_step",
     "init_state",
     "make_loss_fn",

@@ -149,7 +149,7 @@ def _fuyou_parts(cfg, tx, pl, seed: int):
     (``blocks_as_bits``) wherever `FuyouStep` decides it applies."""
     fuyou = fuyou_module()
     from ..nn import check_model
-    from ._fuyou_train import FuyouStep
+    from .fuyou import FuyouStep
 
     check_model(cfg, needs=["fuyou"])  # nnx.Param state only: one line, not flax's error
     step = FuyouStep(cfg, tx, placement=pl, seed=seed)
@@ -216,7 +216,7 @@ def _sharded_step(cfg):
 
 
 def _fuyou_step(cfg):
-    from ._fuyou_train import FuyouStep
+    from .fuyou import FuyouStep
 
     model_cfg, placement, _ = _trained_model(cfg)
     return FuyouStep(

@@ -36,7 +36,8 @@ pager commits the step as the next version once its writes are durable.
 The package: `_layout` (the store layout and the transaction), `_step` (the step: forward,
 the backward scan's body and the tail update, over one `_step.StepContext`), `_loss` (the
 loss of a ``page_params`` model), `_checkpoint` (init, save, restore), `_bits` (layers of the
-stacked leaves as bits), `_params` (the paged block parameters).
+stacked leaves as bits), `_params` (the paged block parameters), `_train` (`FuyouStep`, the
+step as ``jaxoff train`` runs it) and `_options` (`FuyouOptions`, its options in a run).
 
 Global operations that need every gradient first (``clip_by_global_norm``, ...) are refused.
 
@@ -75,13 +76,19 @@ from ._loss import make_fuyou_loss as make_fuyou_loss
 from ._options import FuyouOptions as FuyouOptions
 from ._options import RunShape as RunShape
 from ._step import make_fuyou_step as make_fuyou_step
+from ._train import MASTERS as MASTERS
+from ._train import FuyouStep as FuyouStep
+from ._train import bits_apply as bits_apply
 
 __all__ = [
     "READ_AHEAD_BYTES",
     "FuyouOptions",
     "FuyouState",
+    "FuyouStep",
+    "MASTERS",
     "RunShape",
     "blocks_from_bits",
+    "bits_apply",
     "blocks_to_bits",
     "check_model",
     "default_read_ahead_bytes",

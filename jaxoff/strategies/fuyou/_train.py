@@ -10,18 +10,34 @@ without blocks held as bits, which the store's fp32 masters make again (``fuyou_
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax import lax
 
-from .._xla import is_half_float
-from ..optim.chunks import as_bits
-from ..step import TrainState
-from .fuyou._bits import put_bits
+from jaxoff._xla import is_half_float
+from jaxoff.aio import PageStoreCorruptError
+from jaxoff.optim import paged_checkpoint_extra
+from jaxoff.optim.chunks import as_bits
+from jaxoff.placement import abstract_with, get_placement, state_shardings
+from jaxoff.step import RandomInit, TrainState, cross_entropy, loss_of_params
+
+from ._bits import _block_fn, _layer, blocks_to_bits, put_bits
+from ._checkpoint import (
+    fuyou_init,
+    fuyou_master_bits,
+    fuyou_resident,
+    fuyou_restore,
+    fuyou_save,
+)
+from ._layout import _is_block_path, fuyou_table
+from ._loss import make_fuyou_loss
+from ._step import make_fuyou_step
 
 MASTERS = "masters"
 """A checkpoint's paged part records ``{"blocks": MASTERS}`` when its orbax part holds no
@@ -54,8 +70,6 @@ class FuyouStep:
         read_ahead_bytes: int | None = None,
         initializer=None,
     ):
-        from ..placement import get_placement
-        from ..step import RandomInit
 
         self.model_cfg, self.tx, self.seed = model_cfg, tx, seed
         self.initializer = initializer or RandomInit(seed)
@@ -69,11 +83,6 @@ class FuyouStep:
     def init(self) -> TrainState:
         """A new state: the optimizer state (and with ``page_params`` the block parameters)
         written to the store."""
-        import contextlib
-
-        from flax import nnx
-
-        from .fuyou import fuyou_init, fuyou_resident
 
         with contextlib.ExitStack() as stack:
             if self.page_params or self.blocks_as_bits:
@@ -102,12 +111,6 @@ class FuyouStep:
     def restore(self, reader, step: int, fall_back):
         """Checkpoint ``step``: its store part into the store, then its parameters from
         orbax, and blocks saved as their masters (`save`) made again from the store."""
-        from flax import nnx
-
-        from ..aio import PageStoreCorruptError
-        from ..optim._checkpoint import manifest_extra
-        from ..placement import abstract_with, state_shardings
-        from .fuyou import blocks_to_bits, fuyou_master_bits, fuyou_resident, fuyou_restore
 
         model = nnx.eval_shape(lambda: self.model_cfg.build(nnx.Rngs(0)))
         self.graphdef, params = nnx.split(model, nnx.Param)
@@ -124,7 +127,7 @@ class FuyouStep:
             except PageStoreCorruptError as e:
                 step = fall_back(step, e, [0])
                 continue
-            from_masters = manifest_extra(paged).get("blocks") == MASTERS
+            from_masters = paged_checkpoint_extra(paged).get("blocks") == MASTERS
             held = params
             if self.page_params or from_masters:  # no blocks in the orbax part
                 held = jax.eval_shape(fuyou_resident, params)
@@ -151,7 +154,6 @@ class FuyouStep:
         paged part holds: they are not saved again (`restore` makes them from the store),
         so a checkpoint costs neither their RAM (orbax copies what it writes) nor their
         disk."""
-        from .fuyou import fuyou_resident, fuyou_save
 
         fuyou_save(
             self.tx,
@@ -169,7 +171,6 @@ class FuyouStep:
 
     def compile(self, state: TrainState, inputs, targets) -> TrainState:
         """Compiles ``make_fuyou_step`` (the state donated)."""
-        from .fuyou import make_fuyou_step
 
         step = make_fuyou_step(
             self.graphdef,
@@ -193,14 +194,11 @@ class FuyouStep:
 
     def _make_loss(self):
         if not self.page_params:
-            from ..step._plain import loss_of_params
-
             if self.blocks_as_bits:
                 loss = jax.jit(_bits_loss(self.graphdef, self.param_dtype))
             else:
                 loss = loss_of_params(self.graphdef, self.placement)
             return lambda state, x, y: loss(state.params, x, y)
-        from .fuyou import make_fuyou_loss
 
         loss = jax.jit(make_fuyou_loss(self.graphdef, self.model_cfg, self.tx))
         return lambda state, x, y: loss(state.params, state.opt_state, x, y)
@@ -210,7 +208,6 @@ class FuyouStep:
         return np.dtype(jnp.dtype(self.model_cfg.param_dtype))
 
     def io_table(self) -> str | None:
-        from .fuyou import fuyou_table
 
         return fuyou_table(self.tx)
 
@@ -248,9 +245,6 @@ def bits_apply(model_cfg, page_params: bool) -> bool:
     parameters are in RAM (not ``page_params``) and every float leaf of the blocks is the
     model's 16-bit ``param_dtype``. float32 blocks are sliced and updated in place as they
     are (their bits would gain nothing)."""
-    from flax import nnx
-
-    from .fuyou._layout import _is_block_path
 
     param_dtype = getattr(model_cfg, "param_dtype", None)
     if page_params or param_dtype is None or not is_half_float(param_dtype):
@@ -264,7 +258,6 @@ def bits_apply(model_cfg, page_params: bool) -> bool:
 
 def _map_blocks(params, fn):
     """``params`` with ``fn`` applied to each stacked block leaf."""
-    from .fuyou._layout import _is_block_path
 
     return jax.tree_util.tree_map_with_path(
         lambda p, x: fn(x) if _is_block_path(p) else x,
@@ -301,10 +294,6 @@ def _bits_loss(graphdef, dtype):
     """``loss(params, inputs, targets)`` of a state whose blocks are their bits: the forward
     pass of Fuyou's step, each layer sliced out of the bits as floats (`_layer`), so that
     evaluation makes no float copy of the blocks."""
-    from flax import nnx
-
-    from ..step import cross_entropy
-    from .fuyou._bits import _block_fn, _layer
 
     def loss(params, inputs, targets):
         model = nnx.merge(graphdef, params)  # the blocks as bits: read through `_layer` only
