@@ -26,7 +26,7 @@ moments and no masters), so it is not a mode here; it remains the compute-only b
 (``_common/step_loop.py``).
 
 A probe fits when the run finishes its ``--steps`` steps with finite losses, its peak RSS
-(``ru_maxrss`` of the child, or the watchdog's) stays below ``--mem-limit-gib`` and, with
+(the child's ``VmHWM``, or the watchdog's) stays below ``--mem-limit-gib`` and, with
 ``--steps`` >= 10, its loss falls: the validation loss (one held-out batch) at the end is
 below the one at half the steps, and the steps' mean loss of the second half is below that of
 the first. The watchdog thread in the child stops it when RSS passes the limit or the machine

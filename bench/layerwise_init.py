@@ -34,7 +34,8 @@ def _init(model: str, store: str, how: str) -> None:
     from flax import nnx
 
     import jaxoff
-    from jaxoff.nn import LayerLeaf, layerwise_params, load_model
+    from jaxoff.models import load_model
+    from jaxoff.nn import LayerLeaf, layerwise_params
     from jaxoff.strategies.fuyou import fuyou_init
 
     cfg = load_model(model)

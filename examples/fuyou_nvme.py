@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxoff.nn import load_model, with_stack
+from jaxoff.models import load_model
+from jaxoff.nn import with_stack
 from jaxoff.optim import paged
 from jaxoff.step import TrainState
 from jaxoff.strategies.fuyou import fuyou_init, fuyou_params, fuyou_resident, make_fuyou_step

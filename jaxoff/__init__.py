@@ -48,7 +48,7 @@ _EXPORTS = {
     "LayeredModel": (".nn", "LayeredModel"),
     "Stack": (".nn", "Stack"),
     "run_stack": (".nn", "run_stack"),
-    "load_model": (".nn", "load_model"),
+    "load_model": (".models", "load_model"),
     "Policy": (".policy", "Policy"),
     "Placement": (".placement", "Placement"),
     "compiler_options": ("._xla", "compiler_options"),
@@ -103,9 +103,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ._errors import JaxoffError as JaxoffError
     from ._xla import compiler_options as compiler_options
     from .aio import PageStoreError as PageStoreError
+    from .models import load_model as load_model  # pyright: ignore[reportMissingImports]
     from .nn import LayeredModel as LayeredModel
     from .nn import Stack as Stack
-    from .nn import load_model as load_model
     from .nn import run_stack as run_stack
     from .optim import PagedRestore as PagedRestore
     from .optim import PagedSave as PagedSave

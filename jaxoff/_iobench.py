@@ -25,11 +25,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
 
 from jaxoff._errors import ConfigError
-from jaxoff.aio import Engine, EngineConfig
-from jaxoff.plan._hardware import parse_size as _hardware_parse_size
+from jaxoff._output import console
+from jaxoff.aio import Engine, EngineConfig, backend_status
+from jaxoff.optim.chunks import PagedTable, PageTransaction
+from jaxoff.plan import parse_size as _hardware_parse_size
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -211,10 +217,6 @@ class Bench:
         """One step of paging calls (`jaxoff.optim.chunks.PageTransaction`) over a one-entry
         store of ``case.size`` bytes: every chunk taken (read), or every chunk put and the
         step committed durably (write), the product's own path."""
-        import jax
-        import jax.numpy as jnp
-
-        from jaxoff.optim._transaction import PagedTable, PageTransaction
 
         key = (case.config, case.size)
         if key not in self._tables:
@@ -313,7 +315,6 @@ def measure(
 
 
 def _progress(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     return Progress(
         TextColumn("{task.description}"),
@@ -325,9 +326,6 @@ def _progress(enabled: bool):
 
 
 def print_table(results: list[dict]) -> None:
-    from rich.table import Table
-
-    from jaxoff._output import console
 
     t = Table(title="jaxoff I/O engine vs fio (GB/s = 1e9 B/s, medians)")
     cols = [
@@ -368,7 +366,6 @@ def print_table(results: list[dict]) -> None:
 
 def _auto_backend() -> str:
     """What ``--backends auto`` gives here, and why (``jaxoff.aio.backend_status``)."""
-    from jaxoff.aio import backend_status
 
     return f"backend auto: {backend_status()}"
 

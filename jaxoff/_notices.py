@@ -8,8 +8,10 @@ the application's logging sends them. The ``jaxoff`` command prints them as the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 # the loggers that carry notices: the I/O engine's fallback to POSIX (jaxoff.aio._backend),
 # a policy preset that names none of a model's residuals (jaxoff.policy._resolve)
@@ -26,13 +28,25 @@ class _Lines(logging.Handler):
             self.handleError(record)
 
 
-def print_as_lines() -> None:
-    """Notices (at WARNING and above) print as plain lines on stderr and no longer reach the
-    root logger; called by ``jaxoff`` before a command runs. Idempotent."""
+@contextlib.contextmanager
+def as_lines() -> Iterator[None]:
+    """While it is open, notices (at WARNING and above) print as plain lines on stderr and no
+    longer reach the root logger: the ``jaxoff`` command runs inside it. On exit the loggers
+    are as they were (an in-process command leaves no handler behind); nested, it does
+    nothing more."""
+    saved = []
     for name in LOGGERS:
         log = logging.getLogger(name)
-        if not any(isinstance(h, _Lines) for h in log.handlers):
-            handler = _Lines(logging.WARNING)
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            log.addHandler(handler)
+        if any(isinstance(h, _Lines) for h in log.handlers):
+            continue
+        handler = _Lines(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        saved.append((log, handler, log.propagate))
+        log.addHandler(handler)
         log.propagate = False
+    try:
+        yield
+    finally:
+        for log, handler, propagate in saved:
+            log.removeHandler(handler)
+            log.propagate = propagate

@@ -7,11 +7,14 @@ offlo…``); a console made here is as wide as its content needs there instead.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
 import threading
 import time
+
+from rich.console import Console
 
 # columns of a console that writes to a file or pipe: wide enough that no table is cut
 LOG_WIDTH = 10_000
@@ -36,7 +39,6 @@ def console(stderr: bool = False):
     >>> width
     10000
     """
-    from rich.console import Console
 
     if is_terminal(sys.stderr if stderr else sys.stdout):
         return Console(stderr=stderr)
@@ -239,8 +241,6 @@ def _die_by(signum: int, main: bool) -> None:
     if main:
         signal.signal(signum, signal.SIG_DFL)
     else:  # only the main thread may call signal.signal: reset it in C
-        import ctypes
-
         try:
             ctypes.CDLL(None).signal(signum, ctypes.c_void_p(0))  # SIG_DFL
         except (OSError, AttributeError):

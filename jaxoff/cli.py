@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import io
 import os
 import re
@@ -25,6 +26,7 @@ from typing import Annotated, Any
 
 import tyro
 
+from . import _notices
 from ._errors import JaxoffError, UsageError, describe_os_error
 
 
@@ -41,7 +43,11 @@ class Command:
 
 
 def _train() -> Command:
-    from .train import TrainConfig, load_config_file, train
+    from .train import (  # heavy (jax): loaded when the command runs
+        TrainConfig,
+        load_config_file,
+        train,
+    )
 
     # the groups' options parse flat (--lr, not --optim-options.lr)
     parsed = Annotated[TrainConfig, tyro.conf.OmitArgPrefixes]
@@ -49,31 +55,31 @@ def _train() -> Command:
 
 
 def _export() -> Command:
-    from .train._export import ExportConfig, export_run
+    from .train import ExportConfig, export_run  # heavy (jax): loaded when the command runs
 
     return Command(ExportConfig, export_run, HELP["export"])
 
 
 def _compare() -> Command:
-    from .compare import CompareConfig, compare
+    from .compare import CompareConfig, compare  # heavy (jax): loaded when the command runs
 
     return Command(CompareConfig, compare, HELP["compare"])
 
 
 def _plan() -> Command:
-    from .plan import PlanConfig, run
+    from .plan import PlanConfig, run  # heavy (jax): loaded when the command runs
 
     return Command(PlanConfig, run, HELP["plan"])
 
 
 def _io_bench() -> Command:
-    from ._iobench import IOBenchConfig, run
+    from ._iobench import IOBenchConfig, run  # heavy (jax): loaded when the command runs
 
     return Command(IOBenchConfig, run, HELP["io-bench"])
 
 
 def _launch() -> Command:
-    from .distributed._launch import LaunchSpec, launch
+    from .distributed import LaunchSpec, launch  # heavy (jax): loaded when the command runs
 
     return Command(LaunchSpec, launch, HELP["launch"])
 
@@ -241,10 +247,10 @@ def _os_error(e: BaseException | None) -> OSError | None:
 
 def _run(name: str, command: Command, rest: list[str], debug: bool) -> int:
     if name == "launch":  # its options, then `--` and the command it runs in each process
-        from .distributed._launch import parse_launch_args
+        from .distributed import parse_launch_args  # heavy (jax): the launcher's own parser
 
         return command.run(parse_launch_args(rest))
-    from .distributed import initialize_from_env
+    from .distributed import initialize_from_env  # heavy (jax): a command is running
 
     if name == "train":
         initialize_from_env()  # before anything touches a device
@@ -280,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     then stops the others."""
     code = _main(argv)
     if code != 0 and "jax" in sys.modules:
-        import jax
+        import jax  # loaded by the command already (checked above)
 
         if jax.distributed.is_initialized() and jax.process_count() > 1:
             sys.stdout.flush()
@@ -297,8 +303,6 @@ def _main(argv: list[str] | None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        import difflib
-
         near = difflib.get_close_matches(name, COMMANDS, n=1)
         if name.startswith("-"):
             what = f"unknown option {name!r} before the command (only --debug and --help go there)"
@@ -309,10 +313,13 @@ def _main(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return 2
-    prefix = f"jaxoff {name}: error:"
-    from . import _notices
+    with _notices.as_lines():  # e.g. the I/O backend's: `jaxoff: note: ...`, not WARNING:...
+        return _command(name, rest, debug)
 
-    _notices.print_as_lines()  # e.g. the I/O backend's: `jaxoff: note: ...`, not WARNING:...
+
+def _command(name: str, rest: list[str], debug: bool) -> int:
+    """Runs the command ``name``; its exit status, any failure said in one line."""
+    prefix = f"jaxoff {name}: error:"
     try:
         code = _run(name, COMMANDS[name](), rest, debug)
     except SystemExit as e:  # --help

@@ -3,7 +3,7 @@ them from their shapes, before it allocates or writes anything."""
 
 import dataclasses
 
-from jaxoff.nn import load_model
+from jaxoff.models import load_model
 
 
 def layers():

@@ -40,6 +40,91 @@ def _doctest_namespace(request):
         request.getfixturevalue("monkeypatch").chdir(tmp_path)
 
 
+# set by pytest per phase, and by a dependency as it is first imported
+_ENV_OF_OTHERS = frozenset({"PYTEST_CURRENT_TEST", "CRC32C_SW_MODE"})
+
+
+def _global_state() -> dict[str, object]:
+    """What one test can change for every later test in its process: JAX's configuration,
+    the environment, the working directory, and the logging of jaxoff's loggers and the root
+    (pytest's own capture handlers aside)."""
+    import logging
+
+    import jax
+
+    def log_state(log: logging.Logger):
+        own = [h for h in log.handlers if not type(h).__module__.startswith("_pytest")]
+        return (log.level, log.propagate, log.disabled, tuple(own))
+
+    loggers = [logging.getLogger(), logging.getLogger("jaxoff")]
+    loggers += [
+        logging.getLogger(n) for n in sorted(logging.root.manager.loggerDict)
+        if n.startswith("jaxoff.")
+    ]  # fmt: skip
+    return {
+        "jax.config": dict(jax.config.values),
+        "os.environ": {k: v for k, v in os.environ.items() if k not in _ENV_OF_OTHERS},
+        "cwd": os.getcwd(),
+        "logging": {log.name: log_state(log) for log in loggers},
+        "logging.disable": logging.root.manager.disable,
+    }
+
+
+def _restore(before: dict[str, object]) -> None:
+    import logging
+
+    import jax
+
+    for name, value in before["jax.config"].items():
+        if jax.config.values.get(name) != value:
+            jax.config.update(name, value)
+    for name in [k for k in os.environ if k not in before["os.environ"]]:
+        if name not in _ENV_OF_OTHERS:
+            del os.environ[name]
+    os.environ.update(before["os.environ"])
+    os.chdir(before["cwd"])
+    for name, (level, propagate, disabled, handlers) in before["logging"].items():
+        log = logging.getLogger(None if name == "root" else name)
+        log.setLevel(level)
+        log.propagate, log.disabled = propagate, disabled
+        for h in [h for h in log.handlers if not type(h).__module__.startswith("_pytest")]:
+            if h not in handlers:
+                log.removeHandler(h)
+    logging.disable(before["logging.disable"])
+
+
+def _changes(before: dict, after: dict) -> list[str]:
+    out = []
+    for kind in before:
+        b, a = before[kind], after[kind]
+        if isinstance(b, dict):
+            fresh = (0, True, False, ()) if kind == "logging" else None  # a new logger's
+            keys = sorted(k for k in b.keys() | a.keys() if b.get(k, fresh) != a.get(k, fresh))
+            out += [f"{kind}[{k!r}]: {b.get(k, fresh)!r} -> {a.get(k, fresh)!r}" for k in keys]
+        elif b != a:
+            out.append(f"{kind}: {b!r} -> {a!r}")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _leaves_no_global_state(request):
+    """A test that leaves JAX's configuration, the environment, the working directory or
+    jaxoff's logging changed fails, naming the change, and the change is undone: a test
+    passes or fails on its own, in whatever order the suite runs (monkeypatch undoes its
+    changes before this check)."""
+    before = _global_state()
+    yield
+    after = _global_state()
+    changes = _changes(before, after)
+    if changes:
+        _restore(before)
+        pytest.fail(
+            f"{request.node.nodeid} left global state changed (undo it, e.g. with "
+            f"monkeypatch): {'; '.join(changes)[:600]}",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 def tiny_train_args(tmp_path):
     """Keyword arguments of a TrainConfig that trains in a couple of seconds."""

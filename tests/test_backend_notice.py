@@ -18,11 +18,15 @@ CHILD = textwrap.dedent(
     logging.basicConfig()  # WARNING:name:message, as the jaxoff command finds it set up
     from jaxoff import _notices
     from jaxoff.aio import _backend
-    if sys.argv[1] == "cli":
-        _notices.print_as_lines()  # what `jaxoff <command>` does first
     _backend._ffi = type("NoUring", (), {"uring_compiled_in": staticmethod(lambda: False)})
-    for _ in range(3):
-        _backend.note_backend("auto", "posix")
+    def ask():
+        for _ in range(3):
+            _backend.note_backend("auto", "posix")
+    if sys.argv[1] == "cli":
+        with _notices.as_lines():  # what `jaxoff <command>` runs inside
+            ask()
+    else:
+        ask()
     print("DONE")
     """
 )
@@ -77,3 +81,25 @@ def test_quiet_keeps_the_record_at_debug(monkeypatch, caplog):
         _backend._notice_once("another reason")
     records = [r for r in caplog.records if r.name == "jaxoff.aio.backend"]
     assert [(r.levelno, "a reason" in r.getMessage()) for r in records] == [(logging.DEBUG, True)]
+
+
+def test_an_in_process_command_leaves_the_loggers_as_they_were(capsys):
+    """`jaxoff.cli.main` routes notices to its own lines only while the command runs: a
+    library user's logging (and a later test's caplog) still gets them afterwards."""
+    from jaxoff import _notices, cli
+
+    def state():
+        logs = [logging.getLogger(n) for n in _notices.LOGGERS]
+        return [(log.propagate, list(log.handlers)) for log in logs]
+
+    before = state()
+    with _notices.as_lines():
+        inside = state()
+        with _notices.as_lines():  # nested: nothing more
+            assert state() == inside
+    assert [p for p, _ in inside] == [False] * len(_notices.LOGGERS)
+    assert all(len(h) == len(b) + 1 for (_, h), (_, b) in zip(inside, before, strict=True))
+    assert state() == before
+    assert cli.main(["plan", "--no-such-option"]) == 2  # a command that fails: still undone
+    assert state() == before
+    capsys.readouterr()

@@ -12,7 +12,8 @@ import pytest
 
 from jaxoff import ConfigError
 from jaxoff.cli import main
-from jaxoff.nn import check_model, count_params, load_model, with_stack
+from jaxoff.models import load_model
+from jaxoff.nn import check_model, count_params, with_stack
 from jaxoff.train import TrainConfig, train
 from tests.byom_model import MixerConfig
 

@@ -108,7 +108,7 @@ class Record:
         """The parameters of checkpoint ``step`` (0: the initial ones, re-built)."""
         from flax import nnx
 
-        from jaxoff.nn import load_model
+        from jaxoff.models import load_model
 
         model = load_model("tiny").build(nnx.Rngs(0))  # the trainer's --seed default
         params = [np.asarray(x) for x in jax.tree.leaves(nnx.split(model, nnx.Param)[1])]

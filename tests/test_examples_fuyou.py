@@ -8,7 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxoff.nn import load_model
+from jaxoff.models import load_model
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fuyou_nvme.py"
 

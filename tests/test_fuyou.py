@@ -13,7 +13,8 @@ from flax import nnx
 
 from jaxoff._errors import ConfigError
 from jaxoff.aio import PageStoreError
-from jaxoff.nn import load_model, with_stack
+from jaxoff.models import load_model
+from jaxoff.nn import with_stack
 from jaxoff.optim import paged
 from jaxoff.plan._jaxpr import scan_counts
 from jaxoff.step import TrainState, make_train_step

@@ -442,7 +442,7 @@ def _about_one_gradient_tree(extra: int, grads: int) -> bool:
 @pytest.fixture(scope="module")
 def tiny_temps():
     """``(grad tree bytes, {grad_accum: temp bytes})`` of tiny's compiled train step."""
-    from jaxoff.nn import load_model
+    from jaxoff.models import load_model
 
     model = load_model("tiny")
     return _grad_tree_bytes(model), {n: _temp(model, n) for n in (1, N)}
@@ -461,8 +461,8 @@ def test_plan_counts_the_accumulator(tmp_path, tiny_temps):
     accumulating step, the priced device temporaries of a plan are the compiled
     accumulating step's own, and the plan file says how many micro-batches it is for
     (``jaxoff train --plan`` with another --grad-accum is refused)."""
+    from jaxoff.models import load_model
     from jaxoff.models.gpt import RESIDUAL_NAMES
-    from jaxoff.nn import load_model
     from jaxoff.plan import Plan, Pricer, load_plan, preset, profile
     from jaxoff.plan._profile import temp_bytes, with_policy
     from jaxoff.step import compile_step
@@ -524,7 +524,7 @@ def test_compare_measures_the_accumulating_step(tmp_path, tiny_temps):
     meta = json.loads((tmp_path / "cmp" / "compare.json").read_text())["meta"]
     assert meta["grad_accum"] == N
 
-    from jaxoff.nn import load_model
+    from jaxoff.models import load_model
 
     recipe = build_recipe("megatron_selective", Context(load_model("tiny"), B, SEQ)).to_json()
     kw = dict(model="tiny", name="megatron_selective", recipe=recipe, batch=B, seq=SEQ)

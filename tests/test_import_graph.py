@@ -1,219 +1,70 @@
-"""No import cycle inside jaxoff/, counting the imports inside functions.
+"""The packages of jaxoff/ import downward only, keep their private modules to themselves and
+have no import cycle: `lint-imports` checks the contracts of pyproject.toml's
+``[tool.importlinter]`` (layers, private modules, acyclic siblings), counting imports inside
+functions and under ``TYPE_CHECKING``. And an import inside a function is kept for an
+optional or heavy dependency only, each saying why in a comment."""
 
-The graph is read from the source with ``ast`` (nothing is imported): every ``import`` and
-``from ... import`` anywhere in a module, at the top level or inside a function, is an edge
-from that module to the module it names. Relative imports are resolved against the importing
-module's package; ``from pkg import name`` is an edge to ``pkg.name`` when that is a module of
-the tree (a submodule), to ``pkg`` otherwise. Importing ``a.b.c`` also runs ``a/__init__`` and
-``a/b/__init__``, but those edges are left out: the package ``__init__`` files here are lazy
-or plain re-exports, and counting them would make every submodule that imports a sibling
-through its package look circular. Imports under ``if TYPE_CHECKING:`` are left out too: they
-never run (the top-level ``jaxoff`` imports its whole public API there, for type checkers
-only; at run time it is lazy). A cycle is then a strongly connected component of more than one
-module (or a module importing itself), and the test names each one, with one loop through it,
-so a failure says which files to untangle.
-"""
+from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import tomllib
 from pathlib import Path
 
+from _limits import HANG_S
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "jaxoff"
+MAX_FUNCTION_IMPORTS = 60
 
 
-def _modules(package=PACKAGE):
-    """{dotted module name: source path} for every .py file under ``package``."""
-    found = {}
-    for path in sorted(package.rglob("*.py")):
-        parts = list(path.relative_to(package.parent).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        if is_package:
-            parts = parts[:-1]
-        found[".".join(parts)] = (path, is_package)
-    return found
-
-
-def _resolve(module, is_package, level, name):
-    """The absolute module a relative ``from`` names (``level`` dots, then ``name``)."""
-    if level == 0:
-        return name
-    base = module.split(".")
-    if not is_package:
-        base = base[:-1]
-    if level > 1:
-        base = base[: len(base) - (level - 1)]
-    return ".".join(base + ([name] if name else []))
-
-
-def _nearest(name, modules):
-    """``name`` if it is a module of the tree, else its longest prefix that is, else None."""
-    parts = name.split(".")
-    while parts:
-        candidate = ".".join(parts)
-        if candidate in modules:
-            return candidate
-        parts.pop()
-    return None
-
-
-def _is_type_checking(test):
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+def test_the_import_contracts_hold():
+    exe = shutil.which("lint-imports")
+    assert exe is not None, "import-linter is part of the test extra: pip install -e '.[test]'"
+    proc = subprocess.run(
+        [exe, "--config", str(ROOT / "pyproject.toml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
     )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    kinds = {c["type"] for c in contracts["contracts"]}
+    assert kinds == {"layers", "private_modules", "acyclic_siblings"}
+    assert f"Contracts: {len(contracts['contracts'])} kept, 0 broken" in proc.stdout
 
 
-def _runtime_nodes(tree):
-    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (never run)."""
-    pending = [tree]
-    while pending:
-        node = pending.pop()
-        yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            pending.extend(node.orelse)
-            continue
-        pending.extend(ast.iter_child_nodes(node))
+def test_every_package_of_jaxoff_is_in_a_layer():
+    """A package left out of the layers would be free to import anything."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c for c in contracts["contracts"] if c["type"] == "layers"]
+    named = {m.strip() for layer in layers["layers"] for m in layer.split("|")}
+    packages = {
+        f"jaxoff.{p.name}" for p in (ROOT / "jaxoff").iterdir() if (p / "__init__.py").exists()
+    }
+    assert packages <= named, sorted(packages - named)
 
 
-def import_graph(package=PACKAGE):
-    """{module: {module it imports}} over the modules of ``package``, function-level included."""
-    modules = _modules(package)
-    graph = {}
-    for module, (path, is_package) in modules.items():
-        edges = set()
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    target = _nearest(alias.name, modules)
-                    if target:
-                        edges.add(target)
-            elif isinstance(node, ast.ImportFrom):
-                source = _resolve(module, is_package, node.level, node.module)
-                for alias in node.names:
-                    submodule = f"{source}.{alias.name}"
-                    target = submodule if submodule in modules else _nearest(source, modules)
-                    if target:
-                        edges.add(target)
-        graph[module] = edges
-    return graph
+def _function_imports() -> list[tuple[str, int, str]]:
+    """``(file, line, source line)`` of every import inside a function of jaxoff/."""
+    out = []
+    for path in sorted((ROOT / "jaxoff").rglob("*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Import | ast.ImportFrom):
+                        rel = str(path.relative_to(ROOT))
+                        out.append((rel, inner.lineno, lines[inner.lineno - 1]))
+    return sorted(set(out))
 
 
-def cycles(graph):
-    """The strongly connected components with a cycle, each as a sorted list (Tarjan)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-    counter = [0]
-
-    def visit(start):
-        # iterative Tarjan: (node, iterator over its successors)
-        work = [(start, iter(sorted(graph.get(start, ()))))]
-        index[start] = low[start] = counter[0]
-        counter[0] += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, successors = work[-1]
-            advanced = False
-            for succ in successors:
-                if succ not in index:
-                    index[succ] = low[succ] = counter[0]
-                    counter[0] += 1
-                    stack.append(succ)
-                    on_stack.add(succ)
-                    work.append((succ, iter(sorted(graph.get(succ, ())))))
-                    advanced = True
-                    break
-                if succ in on_stack:
-                    low[node] = min(low[node], index[succ])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1 or node in graph.get(node, ()):
-                    found.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return sorted(found)
-
-
-def _loop(graph, component):
-    """One closed path through ``component``, as 'a -> b -> a' (shortest from its first member)."""
-    members = set(component)
-    start = component[0]
-    previous = {start: None}
-    frontier = [start]
-    while frontier:
-        following = []
-        for node in frontier:
-            for succ in sorted(graph[node] & members):
-                if succ == start:
-                    path = [node]
-                    while previous[path[-1]] is not None:
-                        path.append(previous[path[-1]])
-                    return " -> ".join(reversed(path)) + f" -> {start}"
-                if succ not in previous:
-                    previous[succ] = node
-                    following.append(succ)
-        frontier = following
-    return start
-
-
-def test_no_import_cycle_inside_jaxoff():
-    graph = import_graph()
-    found = cycles(graph)
-    report = "\n".join(
-        f"  {', '.join(component)}\n    e.g. {_loop(graph, component)}" for component in found
-    )
-    assert not found, f"{len(found)} import cycle(s) inside jaxoff/:\n{report}"
-
-
-def _graph_of(tmp_path, files):
-    for name, text in files.items():
-        path = tmp_path / "pkg" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return import_graph(tmp_path / "pkg")
-
-
-def test_the_graph_counts_function_level_relative_and_submodule_imports(tmp_path):
-    graph = _graph_of(
-        tmp_path,
-        {
-            "__init__.py": "",
-            "a.py": "def f():\n    from .sub import b\n",
-            "sub/__init__.py": "",
-            "sub/b.py": "from .. import c\n",
-            "c.py": "import pkg.a\nfrom pkg.sub.b import thing\n",
-            "d.py": "from pkg import a, sub\nfrom os import path\n",
-        },
-    )
-    assert graph["pkg.a"] == {"pkg.sub.b"}
-    assert graph["pkg.sub.b"] == {"pkg.c"}
-    assert graph["pkg.c"] == {"pkg.a", "pkg.sub.b"}
-    assert graph["pkg.d"] == {"pkg.a", "pkg.sub"}
-    found = cycles(graph)
-    assert found == [["pkg.a", "pkg.c", "pkg.sub.b"]]
-    assert _loop(graph, found[0]) == "pkg.a -> pkg.sub.b -> pkg.c -> pkg.a"
-
-
-def test_a_name_imported_from_a_package_is_an_edge_to_the_package(tmp_path):
-    graph = _graph_of(
-        tmp_path,
-        {
-            "__init__.py": "from .x import helper\n",
-            "x.py": "def helper():\n    from . import helper as h\n",
-        },
-    )
-    # `from . import helper` names no submodule: the edge goes to the package itself
-    assert graph["pkg.x"] == {"pkg"}
-    assert cycles(graph) == [["pkg", "pkg.x"]]
+def test_imports_inside_functions_are_few_and_each_says_why():
+    found = _function_imports()
+    assert len(found) < MAX_FUNCTION_IMPORTS, len(found)
+    for path, line, text in found:
+        above = Path(ROOT / path).read_text().splitlines()[line - 2].strip()
+        said = "#" in text or above.startswith("#") or above == "try:"
+        assert said, f"{path}:{line}: an import inside a function says why ({text.strip()})"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxoff.models import load_model
 from jaxoff.models.llama import (
     CONFIGS,
     RESIDUAL_NAMES,
@@ -18,7 +19,7 @@ from jaxoff.models.llama import (
     rotary,
     swiglu_width,
 )
-from jaxoff.nn import Stack, check_model, count_params, load_model, with_stack
+from jaxoff.nn import Stack, check_model, count_params, with_stack
 
 TINY = CONFIGS["llama-tiny"]  # 5 layers, 4 query heads over 2 key/value heads
 

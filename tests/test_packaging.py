@@ -14,15 +14,28 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_installs_only_the_jaxoff_package():
-    """models/ ships as jaxoff.models: a top-level package named plainly `models` would clash
-    with the PyPI distribution of that name and with users' own models/ folders. Both
-    directories are force-included, not listed as packages: an editable install puts the
-    parent directory of every listed package on sys.path (the repository root here)."""
+    """The models ship as jaxoff.models (jaxoff/models; models/ at the top links to it): a
+    top-level package named plainly `models` would clash with the PyPI distribution of that
+    name and with users' own models/ folders. jaxoff/ is force-included, not listed as a
+    package: an editable install puts the parent directory of every listed package on
+    sys.path (the repository root here)."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     wheel = cfg["tool"]["scikit-build"]["wheel"]
     assert wheel["packages"] == []
-    assert wheel["force-include"] == {"jaxoff": "jaxoff", "models": "jaxoff/models"}
-    assert all(dest.split("/")[0] == "jaxoff" for dest in wheel["force-include"].values())
+    assert wheel["force-include"] == {"jaxoff": "jaxoff"}
+    assert (ROOT / "models").is_symlink() and (ROOT / "models").resolve() == ROOT / "jaxoff/models"
+
+
+def test_the_package_path_holds_only_the_package():
+    """jaxoff.__path__ is jaxoff/ (and, editable, the installed stub): never the repository
+    root, which made jaxoff.tests, jaxoff.bench and jaxoff.jaxoff importable."""
+    import importlib.util
+
+    import jaxoff
+
+    assert str(ROOT) not in jaxoff.__path__, jaxoff.__path__
+    for name in ("jaxoff.tests", "jaxoff.bench", "jaxoff.jaxoff"):
+        assert importlib.util.find_spec(name) is None, name
 
 
 def test_the_install_puts_no_top_level_models_on_the_path(tmp_path):

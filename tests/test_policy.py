@@ -190,9 +190,6 @@ def test_sqrt_segments(tmp_path):
 def test_a_preset_naming_none_of_a_models_names_is_noted_with_its_names(caplog, monkeypatch):
     """`--policy selective` on a model without attention names kept every residual without a
     word; it is said once per preset and model, with the model's own names."""
-    # an in-process `jaxoff` command run earlier in this worker routes the logger to its own
-    # stderr lines (jaxoff._notices.print_as_lines); caplog reads what reaches the root logger
-    monkeypatch.setattr(logging.getLogger("jaxoff.policy"), "propagate", True)
     from jaxoff.models import llama
     from jaxoff.policy import apply_policy
     from jaxoff.policy._resolve import _note_missed_names

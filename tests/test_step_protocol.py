@@ -19,7 +19,8 @@ import orbax.checkpoint as ocp
 import pytest
 from test_bad_invocations import _call, check_one_line
 
-from jaxoff.step import PlainStep, ShardedPagedStep, Step
+from jaxoff.distributed import ShardedPagedStep
+from jaxoff.step import PlainStep, Step
 from jaxoff.strategies import STEP_BUILDERS, build_step
 from jaxoff.strategies.fuyou import FuyouStep
 from jaxoff.train import TrainConfig, train

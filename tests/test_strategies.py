@@ -27,8 +27,9 @@ import pytest
 from jaxoff import ConfigError
 from jaxoff.cli import main
 from jaxoff.compare._strategies import export_check, offloaded_activation_bytes
+from jaxoff.models import load_model
 from jaxoff.models.gpt import CONFIGS
-from jaxoff.nn import load_model, with_stack
+from jaxoff.nn import with_stack
 from jaxoff.step import init_state, make_loss_fn
 from jaxoff.strategies import (
     STRATEGIES,

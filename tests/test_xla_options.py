@@ -8,7 +8,8 @@ import numpy as np
 from flax import nnx
 
 import jaxoff
-from jaxoff.nn import load_model, with_stack
+from jaxoff.models import load_model
+from jaxoff.nn import with_stack
 from jaxoff.placement import _jit as jit_module
 from jaxoff.step import make_loss_fn
 from jaxoff.train import TrainConfig, train

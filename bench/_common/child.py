@@ -1,7 +1,9 @@
 """One measurement in a child process of its own, watched for memory.
 
 A probe that may run out of memory runs in a child (`run_child`): it has its own peak RSS
-(``ru_maxrss`` from ``os.wait4``), and an OOM never takes down the parent's search. In the
+(the child's ``VmHWM``, `jaxoff._memory.peak_rss_bytes`: ``ru_maxrss`` from ``os.wait4``
+also holds the parent's high-water mark, which the child's address space had until its
+``exec``), and an OOM never takes down the parent's search. In the
 child a psutil watchdog thread polls RSS every 20 ms and stops the child (exit status 3,
 the verdict written to its result file) when RSS passes the limit or the machine has less
 than ``min_available_gib`` left, so it never gets to the kernel's OOM killer. The child calls
@@ -56,6 +58,8 @@ def _watchdog(
     the verdict to ``result_path`` and ends the process with exit status 3."""
     import psutil
 
+    from jaxoff._memory import peak_rss_bytes
+
     proc = psutil.Process()
     while True:
         rss = proc.memory_info().rss
@@ -73,6 +77,7 @@ def _watchdog(
         if why:
             try:
                 verdict = {"status": "killed", "why": why, "watchdog_peak_rss": peak[0]}
+                verdict["vm_hwm"] = peak_rss_bytes()
                 result_path.write_text(json.dumps(verdict | {"peak_rss_gib_in": by_phase}))
             finally:
                 os._exit(3)
@@ -81,6 +86,8 @@ def _watchdog(
 
 def child_main(spec_path: str) -> None:
     """The child's side: the watchdog, then the target function, its record written."""
+    from jaxoff._memory import peak_rss_bytes
+
     spec = json.loads(Path(spec_path).read_text())
     result_path = Path(spec["result"])
     peak, by_phase = [0], {}
@@ -95,6 +102,7 @@ def child_main(spec_path: str) -> None:
     except BaseException as e:  # report any crash as the probe's outcome
         rec = {"status": "error", "why": f"{type(e).__name__}: {str(e)[:300]}"}
     rec["watchdog_peak_rss"] = peak[0]
+    rec["vm_hwm"] = peak_rss_bytes()
     rec["peak_rss_gib_in"] = by_phase
     result_path.write_text(json.dumps(rec))
     sys.stdout.flush()
@@ -112,7 +120,7 @@ def run_child(
 ) -> dict:
     """Runs ``target(**kwargs)`` in a child process, its files under ``work`` (its log,
     ``child.log``, and its result); returns its record with ``wall_s``, ``returncode``,
-    ``peak_rss`` (the larger of ``ru_maxrss`` and the watchdog's) and ``status``: ``ok``,
+    ``peak_rss`` (the larger of the child's ``VmHWM`` and the watchdog's) and ``status``: ``ok``,
     ``killed`` (by the watchdog, a timeout or a signal; ``why`` says which) or ``error``
     (``why`` holds the exception, or the log's tail)."""
     result, spec = work / "result.json", work / "spec.json"
@@ -155,7 +163,10 @@ def run_child(
     rec["returncode"] = os.waitstatus_to_exitcode(status)
     got = json.loads(result.read_text()) if result.exists() else {}
     rec.update(got)
-    rec["peak_rss"] = max(usage.ru_maxrss * 1024, got.get("watchdog_peak_rss", 0))  # KiB
+    # the child's own high-water mark; a child that could not say it (killed by a signal):
+    # ru_maxrss, which may hold the parent's too (an over-estimate, never an under-)
+    own = got.get("vm_hwm", usage.ru_maxrss * 1024)  # KiB
+    rec["peak_rss"] = max(own, got.get("watchdog_peak_rss", 0))
     if rec["returncode"] < 0 and not got:
         rec["status"] = "killed"
         rec["why"] = (

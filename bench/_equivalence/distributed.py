@@ -70,7 +70,7 @@ def _record(out: Path, steps: int) -> tuple[list[dict], list[np.ndarray]]:
 def _initial_params() -> list[np.ndarray]:
     from flax import nnx
 
-    from jaxoff.nn import load_model
+    from jaxoff.models import load_model
 
     model = load_model("tiny").build(nnx.Rngs(0))  # jaxoff train's --seed default
     return [np.asarray(x) for x in jax.tree.leaves(nnx.split(model, nnx.Param)[1])]

@@ -26,7 +26,7 @@ import time
 
 from _common.results import write_result
 
-from jaxoff.nn import load_model
+from jaxoff.models import load_model
 from jaxoff.placement import xla_default_options
 from jaxoff.plan import Pricer, compared_presets, measured_temp_bytes, preset, preset_plan, profile
 

@@ -27,7 +27,7 @@ import time
 
 from _common.results import write_result
 
-from jaxoff.nn import load_model
+from jaxoff.models import load_model
 from jaxoff.plan import (
     Plan,
     Pricer,

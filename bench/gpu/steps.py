@@ -3,12 +3,12 @@ process of its own (its own device peak; an out-of-memory probe cannot take the 
 
     python bench/gpu/steps.py '{"mode": "fuyou-nvme", "layers": 4, ...}'   # one probe, JSON out
 
-A probe is bench/capacity.py's ``run_probe`` of one mode, from the tree ``spec["tree"]`` (this
-one, or a checkout of the legacy pager: ``--pager legacy``), traced by jax.profiler when
-``spec["profile"]``. The GPU-busy share is the union of the GPU streams' kernels and copies
-inside the steps after the first (wall-clock windows taken at each step's start and end),
-over the length of those steps: compilation, autotuning and the store's first fill are not
-counted.
+A probe is the instrumented loop's ``run_probe`` (bench/_common/step_loop.py) of one mode,
+from the tree ``spec["tree"]`` (this one, or a checkout of the legacy pager: ``--pager
+legacy``), traced by jax.profiler when ``spec["profile"]``. The GPU-busy share is the union of
+the GPU streams' kernels and copies inside the steps after the first (wall-clock windows taken
+at each step's start and end), over the length of those steps: compilation, autotuning and the
+store's first fill are not counted.
 """
 
 from __future__ import annotations
@@ -91,17 +91,31 @@ def busy_share(spans: list, windows: list) -> dict:
 
 
 def child(spec: dict) -> dict:
-    """One capacity.run_probe from ``spec["tree"]``'s bench/, in this process."""
+    """One probe of the instrumented loop (``_common/step_loop.py``; ``capacity.py`` in an
+    older tree) from ``spec["tree"]``'s bench/, in this process."""
     import jax
 
     tree = Path(spec.get("tree") or ROOT)
     sys.path.insert(0, str(tree / "bench"))
-    import capacity
     from _gpu import probe as gpu_probe
 
-    windows: list = []
+    try:  # this tree's instrumented loop (bench/_common/step_loop.py)
+        from _capacity.sizes import model_config
+        from _common import step_loop as loop
 
-    class Sampler(capacity._Sampler):  # each step's wall-clock window, for the busy share
+        def run_probe(mode, layers, d_model, seq_len, *args, **kw):
+            cfg = model_config(layers, d_model, seq_len, mode)
+            return loop.run_probe(mode, cfg, seq_len, *args, **kw)
+    except ImportError:  # a tree from before it moved out of bench/capacity.py
+        import capacity as loop
+
+        run_probe = loop.run_probe
+
+    windows: list = []
+    sampler_name = "Sampler" if hasattr(loop, "Sampler") else "_Sampler"
+    base = getattr(loop, sampler_name)
+
+    class Sampler(base):  # each step's wall-clock window, for the busy share
         def __init__(self, *args, **kw):
             self.wall0 = time.time_ns()
             super().__init__(*args, **kw)
@@ -110,7 +124,7 @@ def child(spec: dict) -> dict:
             windows.append((self.wall0, time.time_ns()))
             return super().stop()
 
-    capacity._Sampler = Sampler
+    setattr(loop, sampler_name, Sampler)
     dev = jax.devices()[0]
     store = gpu_probe.new_store(spec.get("store_dir"))
     trace_dir = tempfile.mkdtemp(prefix="jaxoff-trace-") if spec.get("profile") else None
@@ -128,7 +142,7 @@ def child(spec: dict) -> dict:
                 except Exception as e:  # no CUPTI: the probe still runs, without busy time
                     profile_error, trace = f"{type(e).__name__}: {str(e)[:300]}", None
             try:
-                rec = capacity.run_probe(
+                rec = run_probe(
                     spec["mode"],
                     spec["layers"],
                     spec["d_model"],

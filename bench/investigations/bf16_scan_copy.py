@@ -36,8 +36,8 @@ from jaxoff.optim import paged, update_and_apply
 from jaxoff.step import make_loss_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: capacity, the result writer
+from _capacity.sizes import model_config  # noqa: E402
 from _common.results import write_result  # noqa: E402
-from capacity import model_config  # noqa: E402
 
 GIB = 1 << 30
 

@@ -17,16 +17,28 @@ from ._layout import MAX_CHUNK_BYTES as MAX_CHUNK_BYTES
 from ._layout import ChunkInfo as ChunkInfo
 from ._layout import EntryLayout as EntryLayout
 from ._layout import Layout as Layout
+from ._layout import check_chunk_bytes as check_chunk_bytes
+from ._layout import check_slots as check_slots
+from ._layout import layout_differences as layout_differences
+from ._layout import parse_dtype as parse_dtype
 from ._layout import plan_layout as plan_layout
+from ._layout import ram_tier_differences as ram_tier_differences
+from ._manifest import read as read_manifest
+from ._pageio import FULL_ERRNOS as FULL_ERRNOS
+from ._pageio import fsync_dir as fsync_dir
 from ._pager import WAIT_COUNTERS as WAIT_COUNTERS
 from ._pager import Pager as Pager
 from ._pager import PagerConfig as PagerConfig
 from ._pager import PagerError as PagerError
 from ._pager import io_stats as io_stats
+from ._pager import owner_name as owner_name
 from ._pager import page_begin as page_begin
 from ._pager import page_commit as page_commit
 from ._pager import page_out as page_out
 from ._pager import page_take as page_take
+from ._pager import wait_for_steps as wait_for_steps
+from ._ramtier import check_ram_tier as check_ram_tier
+from ._ramtier import ram_tier_dir as ram_tier_dir
 from ._store import PageStore as PageStore
 from ._store_errors import PageStoreCorruptError as PageStoreCorruptError
 from ._store_errors import PageStoreError as PageStoreError
@@ -37,35 +49,23 @@ from ._store_errors import PageStoreLockedError as PageStoreLockedError
 from ._store_errors import PageStoreManifestError as PageStoreManifestError
 from ._store_errors import PageStoreNotFoundError as PageStoreNotFoundError
 from ._store_errors import PageStoreTornError as PageStoreTornError
+from ._store_files import is_store as is_store
+from ._store_files import owned_files as owned_files
+from ._store_files import remove_owned as remove_owned
+from ._store_files import strangers as strangers
 
 __all__ = [
-    "MAX_CHUNK_BYTES",
     "BackendStatus",
-    "backend_status",
+    "ChunkInfo",
     "CudaStatus",
-    "cuda_status",
     "Engine",
     "EngineConfig",
-    "crc32c",
-    "page_begin",
-    "page_take",
-    "page_out",
-    "page_commit",
-    "Pager",
-    "PagerConfig",
-    "PagerError",
-    "io_stats",
-    "WAIT_COUNTERS",
-    "file_table_stats",
-    "register_file_table",
-    "register_targets",
-    "unregister_file_table",
-    "ChunkInfo",
     "EntryLayout",
+    "FULL_ERRNOS",
     "Layout",
+    "MAX_CHUNK_BYTES",
     "PageStore",
     "PageStoreCorruptError",
-    "PageStoreTornError",
     "PageStoreError",
     "PageStoreFormatError",
     "PageStoreFullError",
@@ -73,6 +73,38 @@ __all__ = [
     "PageStoreLockedError",
     "PageStoreManifestError",
     "PageStoreNotFoundError",
+    "PageStoreTornError",
+    "Pager",
+    "PagerConfig",
+    "PagerError",
+    "WAIT_COUNTERS",
+    "backend_status",
+    "check_chunk_bytes",
+    "check_ram_tier",
+    "check_slots",
+    "crc32c",
+    "cuda_status",
+    "file_table_stats",
+    "fsync_dir",
+    "io_stats",
+    "is_store",
+    "layout_differences",
+    "owned_files",
+    "owner_name",
+    "page_begin",
+    "page_commit",
+    "page_out",
+    "page_take",
+    "parse_dtype",
     "plan_layout",
+    "ram_tier_differences",
+    "ram_tier_dir",
+    "read_manifest",
+    "register_file_table",
+    "register_targets",
+    "remove_owned",
     "store_error_from",
+    "strangers",
+    "unregister_file_table",
+    "wait_for_steps",
 ]

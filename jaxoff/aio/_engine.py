@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from jaxoff import _ffi
+from jaxoff.aio._backend import note_backend
 
 _BACKENDS = ("auto", "io_uring", "posix")
 _ALIGN = 4096
@@ -220,7 +221,6 @@ class Engine:
     def backend_reason(self) -> str:
         """Why this engine runs `backend`: for ``auto`` on POSIX, why io_uring was not used
         (not compiled in, or ``io_uring_setup`` refused with an errno); see `backend_status`."""
-        from jaxoff.aio._backend import note_backend
 
         return note_backend(self._config.backend, self.backend)
 

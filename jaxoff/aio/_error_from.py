@@ -19,6 +19,7 @@ import os
 import re
 import threading
 
+from jaxoff._errors import describe_os_error
 from jaxoff.aio import _store_errors
 from jaxoff.aio._store_errors import (
     RESTORE_HINT,
@@ -130,7 +131,6 @@ def _from_checksum_text(text: str) -> PageStoreCorruptError | None:
 
 
 def _from_io(text: str) -> PageStoreError | None:
-    from jaxoff._errors import describe_os_error
 
     m = _IO.search(text)
     if m is None:

@@ -21,6 +21,7 @@ import jax
 
 from jaxoff import _ffi
 from jaxoff.aio import _cuda
+from jaxoff.aio._backend import note_backend
 from jaxoff.aio._engine import EngineConfig
 
 _lock = threading.Lock()
@@ -88,7 +89,6 @@ def register_file_table(
     with _tables_lock:
         _ffi.register_file_table(name, files, stripe_bytes=int(stripe_bytes), **config.as_kwargs())
         registration = _tables[name] = next(_registrations)
-    from jaxoff.aio._backend import note_backend
 
     note_backend(config.backend, _ffi.file_table_backend(name))  # logs a fallback once
     return registration

@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import os
 
 _ALIGN = 4096
 _GIB = 1 << 30
@@ -142,7 +143,6 @@ def parse_cgroup_limit(text: str) -> int | None:
 
 def read_host_mem_limits(root: str = "/") -> HostMemLimits:
     """`HostMemLimits` of this machine (``root`` lets a test point at a fake tree)."""
-    import os
 
     with open(os.path.join(root, "proc/meminfo")) as f:
         mem_available = parse_meminfo(f.read())

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from jaxoff.aio._store_errors import PageStoreLayoutError
@@ -179,8 +180,6 @@ def parse_dtype(dtype: Any) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        import ml_dtypes  # A jax dependency; only needed for names numpy does not know.
-
         try:
             dt = np.dtype(getattr(ml_dtypes, str(dtype)))
         except AttributeError:

@@ -306,7 +306,7 @@ def drain_runtime_tokens() -> None:
         jax.effects_barrier()
     except Exception:  # noqa: BLE001 - reported where the step's outputs are used
         try:
-            from jax._src import dispatch
+            from jax._src import dispatch  # JAX's internals: another JAX may lack them
 
             dispatch.runtime_tokens.clear()
         except Exception:  # noqa: BLE001, S110 - another JAX: its exit may still say it

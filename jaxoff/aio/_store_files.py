@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
 
 import numpy as np
 
@@ -184,8 +186,6 @@ def _rel(root: str, path: str) -> str:
 def write_marker(root: str, paths: list[str], store_id: str | None = None) -> str:
     """Writes ``<root>/jaxoff-store.json`` atomically (fsynced) naming ``paths`` (absolute)
     as the store's files; returns the store id (``store_id``, else the marker's, else new)."""
-    import json
-    import uuid
 
     if store_id is None:
         old = read_marker(root)
@@ -203,7 +203,6 @@ def write_marker(root: str, paths: list[str], store_id: str | None = None) -> st
 
 def read_marker(root: str) -> dict | None:
     """The marker's document, or None when there is none or it is unreadable."""
-    import json
 
     try:
         with open(os.path.join(root, MARKER)) as f:

@@ -4,7 +4,7 @@ folder (no files of others), its marker of owned files, and the in-place mark.""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar
 
 from jaxoff.aio import _manifest
 from jaxoff.aio._layout import SLOTS, Layout
@@ -12,16 +12,29 @@ from jaxoff.aio._lock import StoreLock
 from jaxoff.aio._store_errors import PageStoreError
 from jaxoff.aio._store_files import owned_files, read_marker, strangers, write_marker
 
-if TYPE_CHECKING:
-    from jaxoff.aio._store import PageStore
+
+class _Store(Protocol):
+    """What a store opened here is (`jaxoff.aio.PageStore`, which builds on this module)."""
+
+    _files: Any
+
+    @property
+    def active_slot(self) -> str: ...
+
+    def __init__(self, root: str, layout: Layout, version: int, crcs, lock: StoreLock) -> None: ...
+
+    def _mark_in_place(self) -> None: ...
+
+    def _check_not_torn(self, *args: Any, **kw: Any) -> Any: ...
+
+
+S = TypeVar("S", bound=_Store)
 
 IN_PLACE_MARK = "IN_PLACE_OPEN"
 """File present while a single-slot store is open (or after its user died)."""
 
 
-def create_locked(
-    cls: type[PageStore], root: str, layout: Layout, lock: StoreLock, exist_ok: bool
-) -> PageStore:
+def create_locked(cls: type[S], root: str, layout: Layout, lock: StoreLock, exist_ok: bool) -> S:
     """Makes an empty store (version 0) in ``root``, whose ``lock`` is held."""
     old_layout = None
     if os.path.exists(os.path.join(root, _manifest.MANIFEST)):
@@ -52,7 +65,7 @@ def create_locked(
     return store
 
 
-def open_locked(cls: type[PageStore], root: str, lock: StoreLock) -> PageStore:
+def open_locked(cls: type[S], root: str, lock: StoreLock) -> S:
     """Opens the store in ``root``, whose ``lock`` is held, at its committed version."""
     layout, version, crcs = _manifest.read(root)
     store = cls(root, layout, version, crcs, lock)

@@ -9,6 +9,11 @@ from typing import Annotated
 import tyro
 
 from .._errors import ConfigError
+from ..models import load_model  # pyright: ignore[reportMissingImports]
+from ..placement import get_placement
+from ..plan import HARDWARE_PRESETS, parse_size
+from ..policy import JAX_POLICIES, get_policy
+from ..strategies import STRATEGIES, get_strategy
 
 DEFAULT_POLICIES = "none,full,dots_saveable,selective,offload_all,offload_dots,sqrt"
 
@@ -68,13 +73,11 @@ class CompareConfig:
 
     def strategy_list(self) -> list[str]:
         """The strategy names, in order (``all``: every registered one)."""
-        from ..strategies import STRATEGIES
 
         names = [s.strip() for s in self.strategies.split(",") if s.strip()]
         return list(STRATEGIES) if names == ["all"] else names
 
     def device_mem_bytes(self) -> float | None:
-        from ..plan._hardware import parse_size
 
         return None if self.device_mem is None else parse_size(self.device_mem)
 
@@ -83,7 +86,6 @@ class CompareConfig:
 
     def runs(self) -> list[tuple[str, str]]:
         """``(policy, placement)`` pairs to measure; streaming only pairs with ``full``."""
-        from ..placement import get_placement
 
         return [
             (spec, pl)
@@ -98,8 +100,6 @@ class CompareConfig:
 
     def validate(self) -> CompareConfig:
         """Checks every value; raises :class:`ConfigError` naming the option and the fix."""
-        from ..nn import load_model
-        from ..policy import JAX_POLICIES, get_policy
 
         model = load_model(self.model)  # raises ConfigError naming what is wrong
         for name in ("batch_size", "grad_accum", "seq_len", "steps"):
@@ -124,7 +124,6 @@ class CompareConfig:
         for spec in specs:
             if spec not in JAX_POLICIES:
                 get_policy(spec, names=model.residual_names)  # ConfigError: valid names
-        from ..placement import get_placement
 
         for pl in self.placement_list():
             if get_placement(pl).streams and self.grad_accum > 1:  # ConfigError: bad names
@@ -141,8 +140,6 @@ class CompareConfig:
         return self
 
     def _validate_strategies(self) -> CompareConfig:
-        from ..plan import HARDWARE_PRESETS
-        from ..strategies import get_strategy
 
         names = self.strategy_list()
         if len(set(names)) != len(names):

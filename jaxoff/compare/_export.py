@@ -27,6 +27,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..models import load_model  # pyright: ignore[reportMissingImports]
+from ..nn import Stack
+from ..policy import JAX_POLICIES, get_policy
+from ..step import abstract_state, make_loss_fn, make_train_step
+from ._measure import model_config, optimizer
+
 PLATFORMS = ("cuda", "tpu")
 
 _PLACEMENT = re.compile(
@@ -58,9 +64,6 @@ def host_shapes(mlir_text: str) -> list[str]:
 @functools.cache
 def probe_name(model: str, batch: int, seq: int, name: str, platform: str) -> tuple[str, ...]:
     """Host placements produced by offloading ``name`` alone (JAX's own policy)."""
-    from ..nn import Stack, load_model
-    from ..step import abstract_state, make_loss_fn
-    from ._measure import optimizer
 
     policy = jax.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=(),
@@ -83,9 +86,6 @@ def check_export(
     Returns a JSON-able dict: per platform the host/device placement counts, the
     names found on host, the residual-free names, and ``ok``.
     """
-    from ..policy import JAX_POLICIES, get_policy
-    from ..step import abstract_state, make_train_step
-    from ._measure import model_config, optimizer
 
     cfg = model_config(model, spec)
     offloaded = () if spec in JAX_POLICIES else get_policy(spec, cfg.residual_names).offloaded()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import JaxoffError
+from .._memory import peak_rss_bytes
+from ..models import load_model  # pyright: ignore[reportMissingImports]
+from ..nn import AUTO, recorded_segments
+from ..placement import bytes_by_kind, check_placement, streamed_model
+from ..policy import apply_policy
+from ..step import abstract_state, init_state, make_loss_fn, make_train_step
 from ..step import compile_step as compile_step
 from ..step import optimizer as optimizer
 from ..step import tokens as _tokens  # noqa: F401
@@ -27,8 +32,6 @@ from ..step import tokens as _tokens  # noqa: F401
 def model_config(model: str, spec: str):
     """The model named ``model`` (a size or ``package.module:factory``) with the policy
     spelled ``spec`` applied to its stack (policy + segments)."""
-    from ..nn import load_model
-    from ..policy import apply_policy
 
     return apply_policy(load_model(model), spec)
 
@@ -42,8 +45,6 @@ def _flops(compiled) -> float:
 def segment_plan(model_cfg, batch: int, seq: int):
     """The ``jaxoff.nn.SegmentPlan`` a ``remat_every="auto"`` stack resolves to at this
     batch and sequence (traced, nothing compiled), or ``None`` for any other stack."""
-    from ..nn import AUTO, recorded_segments
-    from ..step import abstract_state, make_loss_fn
 
     if model_cfg.stack.remat_every != AUTO or model_cfg.stack.policy is None:
         return None
@@ -150,8 +151,6 @@ def measure_policy(
     """Every figure of one policy under one placement, as a JSON-able dict
     (see ``_report.COLUMNS``); ``grad_accum`` > 1: of the step over that many micro-batches
     of ``batch`` rows (``jaxoff train --grad-accum``), its accumulator in ``temp_bytes``."""
-    from ..placement import bytes_by_kind, check_placement, streamed_model
-    from ..step import init_state, make_train_step
 
     cfg = model_config(model, spec)
     check_placement(placement, cfg, policy=spec)
@@ -163,7 +162,6 @@ def measure_policy(
     mem = compiled.memory_analysis()
     rows = grad_accum * batch  # the step's rows, every micro-batch
     tok = _tokens(rows, seq)
-    from ..step import abstract_state
 
     graphdef, _ = abstract_state(cfg, optimizer())
     step_fn = make_train_step(graphdef, optimizer(), placement, grad_accum)
@@ -202,7 +200,7 @@ def measure_policy(
         "flops": flops,
         "step_s": statistics.median(times),
         "compile_s": compile_s,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
         "loss": float(metrics["loss"]),
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 from pathlib import Path
 
 from rich.table import Table
@@ -129,7 +130,7 @@ def plot(
 ) -> None:
     """Device memory (``x``) vs step time, one point per row, the Pareto front joined; the
     legend sits outside the axes and every label inside them (nothing covered or clipped)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: only to draw the plot
 
     fig = figure(rows, title, x, budget)
     fig.savefig(path, bbox_inches="tight")
@@ -138,12 +139,11 @@ def plot(
 
 def figure(rows: list[dict], title: str, x: str = "temp_bytes", budget: float | None = None):
     """The figure :func:`plot` saves (a ``matplotlib.figure.Figure``, laid out)."""
-    import textwrap
 
-    import matplotlib
+    import matplotlib  # heavy: only to draw the plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: only to draw the plot
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=120)
     points = [(r[x] / MiB, r["step_s"] * 1e3) for r in rows]

@@ -8,14 +8,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from .. import _output
+from .._errors import JaxoffError
+from ..step import check_placement_export
 from . import _report
 from ._config import CompareConfig
+from ._export import check_export
+from ._measure import measure_isolated, measure_policy, model_config, optimizer, step_flops
+from ._strategies import baseline_flops, strategy_rows
 
 
 def _placement_export_ok(cfg: CompareConfig, row: dict) -> bool:
     """The placement's own export check (host state, in-loop copies when streaming)."""
-    from ..step import check_placement_export
-    from ._measure import model_config, optimizer
 
     model_cfg = model_config(cfg.model, row["policy"])
     ok = True
@@ -59,7 +62,6 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
         >>> rows = compare(CompareConfig(model="tiny", policies="none,full",  # doctest: +SKIP
         ...                              batch_size=2, seq_len=16, steps=2))
     """
-    from ._measure import measure_isolated, measure_policy, model_config, step_flops
 
     console = console or _output.console()
     if cfg.strategies.strip():
@@ -98,8 +100,6 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
         )
         progress.advance(task)
         if cfg.check_export:
-            from ._export import check_export
-
             for r in rows:
                 progress.update(task, description=f"export cuda/tpu {r['policy']}")
                 r["export"] = check_export(cfg.model, r["policy"], cfg.batch_size, cfg.seq_len)
@@ -137,8 +137,6 @@ def compare(cfg: CompareConfig, console: Console | None = None) -> list[dict]:
     (out / "compare.md").write_text(_report.markdown(rows) + "\n")
     console.print(f"wrote {out / 'compare.csv'}, compare.json, compare.md, compare.png")
     if cfg.check_export and not all(r["export_ok"] for r in rows):
-        from .._errors import JaxoffError
-
         bad = [r["policy"] for r in rows if not r["export_ok"]]
         raise JaxoffError(f"host placement in the cuda/tpu export is wrong for {bad}")
     return rows
@@ -154,8 +152,6 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
         >>> rows = compare(CompareConfig(model="tiny", strategies="all",  # doctest: +SKIP
         ...                              device_mem="30MiB", batch_size=2, seq_len=16))
     """
-    from ._measure import model_config
-    from ._strategies import baseline_flops, strategy_rows
 
     console = console or _output.console()
     names = cfg.strategy_list()
@@ -193,7 +189,5 @@ def compare_strategies(cfg: CompareConfig, console: Console | None = None) -> li
     console.print(f"wrote {out / 'compare.csv'}, compare.json, compare.md, compare.png")
     bad = [r["strategy"] for r in measured if r.get("export_ok") is False]
     if cfg.check_export and bad:
-        from .._errors import JaxoffError
-
         raise JaxoffError(f"placement/offload in the cuda export is wrong for {bad}")
     return rows

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -27,8 +26,26 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import psutil
 
 from .._errors import JaxoffError
+from .._memory import peak_rss_bytes
+from ..models import load_model  # pyright: ignore[reportMissingImports]
+from ..nn import with_stack
+from ..placement import abstract_with, analyze_export, bytes_by_kind
+from ..plan import jaxpr_flops
+from ..policy import JAX_POLICIES, get_policy
+from ..step import abstract_state, make_loss_fn, make_train_step
+from ..strategies import (
+    Context,
+    Recipe,
+    StrategyUnavailable,
+    accumulates,
+    build_recipe,
+    placement,
+    prepare,
+)
+from ._measure import _subs, optimizer, segment_size
 
 MiB = 2**20
 
@@ -41,7 +58,6 @@ def _is_host(space) -> bool:
 def transfer_bytes(jaxpr) -> tuple[int, int]:
     """``(to host, to device)`` bytes per step: every ``device_put`` that changes memory
     space in the jaxpr, weighted by the trip counts of the scans around it."""
-    from ._measure import _subs
 
     totals = [0, 0]
 
@@ -67,9 +83,6 @@ def transfer_bytes(jaxpr) -> tuple[int, int]:
 def offloaded_activation_bytes(model_cfg, batch: int, seq: int) -> int:
     """Activation bytes the policy sends to host per step (params on device, no streaming):
     what an accelerator keeps off device between forward and backward."""
-    from ..nn import with_stack
-    from ..step import abstract_state, make_loss_fn
-    from ._measure import optimizer
 
     cfg = with_stack(model_cfg, stream_window=0, stream_to=None)
     graphdef, state = abstract_state(cfg, optimizer())
@@ -81,15 +94,12 @@ def offloaded_activation_bytes(model_cfg, batch: int, seq: int) -> int:
 def traced_flops(jaxpr) -> float:
     """FLOPs of the traced step: every equation, scans times their trip count, recomputed
     forward ops included (``jaxoff.plan``'s count; no compile needed)."""
-    from ..plan._jaxpr import jaxpr_flops
 
     return jaxpr_flops(jaxpr)
 
 
 def baseline_flops(model_cfg, batch: int, seq: int) -> float:
     """:func:`traced_flops` of the plain step (no remat, all on device, AdamW)."""
-    from ..step import abstract_state, make_train_step
-    from ._measure import optimizer
 
     graphdef, state = abstract_state(model_cfg, optimizer())
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
@@ -97,7 +107,6 @@ def baseline_flops(model_cfg, batch: int, seq: int) -> float:
 
 
 def _offloads(recipe, names=None) -> bool:
-    from ..policy import JAX_POLICIES, get_policy
 
     specs = [recipe.policy, recipe.stack_overrides.get("split_policy")]
     return any(
@@ -112,10 +121,6 @@ def export_check(recipe, model: str, batch: int, seq: int, platform: str = "cuda
     the layer loop, offloaded activations as ``pinned_host`` copies inside the loop, a host
     update as host-compute ops. A paged optimizer is exported as the in-RAM one in the
     same placement (its FFI calls and commit callback do not export)."""
-    from ..nn import load_model
-    from ..placement import analyze_export
-    from ..strategies import placement, prepare
-    from ._measure import optimizer
 
     if recipe.update_in_backward:
         return {
@@ -176,12 +181,6 @@ def measure_strategy(
     ``device_mem``, runs it and returns every figure (see ``_report.STRATEGY_COLUMNS``).
     ``grad_accum`` > 1: the step over that many micro-batches of ``batch`` rows, its
     accumulator among its temporaries (offloaded activations: one micro-batch's)."""
-    import psutil
-
-    from ..nn import load_model
-    from ..placement import abstract_with, bytes_by_kind
-    from ..strategies import Recipe, prepare
-    from ._measure import optimizer, segment_size
 
     plan = Recipe.from_json(recipe)
     row = {
@@ -247,7 +246,7 @@ def measure_strategy(
             status="ok",
             step_s=statistics.median(times),
             disk_io_bytes=int(statistics.median(io)),
-            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            peak_rss_bytes=peak_rss_bytes(),
             loss=float(metrics["loss"]),
         )
         return row
@@ -281,9 +280,6 @@ _NO_ACCUM = (
 
 def strategy_rows(cfg, console, progress, task) -> tuple[list[dict], list[dict]]:
     """``(measured rows, rows not run)`` of ``cfg.strategy_list()``."""
-    from ..nn import load_model
-    from ..strategies import Context, StrategyUnavailable, build_recipe
-    from ..strategies._build import accumulates
 
     budget = cfg.device_mem_bytes()
     ctx = Context(

@@ -13,6 +13,7 @@ import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from .._errors import ConfigError
 
@@ -64,8 +65,6 @@ def _int_var(raw: str, name: str, minimum: int) -> int:
 def barrier(name: str) -> None:
     """Waits until every process reached the barrier ``name`` (nothing with one process)."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -73,7 +72,6 @@ def broadcast_int(value: int) -> int:
     """Process 0's ``value``, on every process."""
     if jax.process_count() == 1:
         return int(value)
-    from jax.experimental import multihost_utils
 
     return int(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int64)))
 
@@ -83,6 +81,5 @@ def allgather_ints(values: list[int]) -> np.ndarray:
     mine = np.asarray(values, np.int64).reshape(1, -1)
     if jax.process_count() == 1:
         return mine
-    from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(mine, tiled=True))

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._state import TrainState
+from ..placement import from_host, get_placement, tree_shardings
+from ..step import RandomInit, TrainState
 
 
 def local_box(shape: tuple[int, ...], sharding) -> tuple[slice, ...]:
@@ -85,12 +87,6 @@ def to_global(local, shape: tuple[int, ...], sharding, box: tuple[slice, ...]) -
     )
 
 
-def from_host(x, sharding) -> jax.Array:
-    """A global array from a host array every process holds whole (the same everywhere)."""
-    x = np.asarray(x)
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-
-
 class ShardedParams:
     """Where each parameter leaf lives: its global shape, sharding and this process's block."""
 
@@ -126,13 +122,8 @@ def init_sharded(
     ``init_opt``, for a restore that writes the store from a checkpoint). ``placement``:
     where the parameters live (their memory kind); ``initializer``: where they come from (a
     ``jaxoff.step.Initializer``; default: the random init from ``seed``)."""
-    from flax import nnx
-
-    from ..placement import get_placement
-    from ..placement._shardings import tree_shardings
 
     placement = get_placement(placement)
-    from ..step._init import RandomInit
 
     model = (initializer or RandomInit(seed)).model(model_cfg)
     graphdef, params = nnx.split(model, nnx.Param)

@@ -13,15 +13,14 @@ from ._protocol import BLOCKS as BLOCKS
 from ._protocol import LayeredModel as LayeredModel
 from ._protocol import check_model as check_model
 from ._protocol import count_params as count_params
-from ._protocol import load_model as load_model
 from ._protocol import model_name as model_name
-from ._protocol import sizes as sizes
 from ._protocol import with_stack as with_stack
 from ._segments import AUTO as AUTO
 from ._segments import SegmentPlan as SegmentPlan
 from ._segments import chen_blocks as chen_blocks
 from ._segments import plan_segments as plan_segments
 from ._segments import recorded_segments as recorded_segments
+from ._segments import sqrt_segment_size as sqrt_segment_size
 from ._stack import PolicySpec as PolicySpec
 from ._stack import Stack as Stack
 from ._stack import model_state as model_state
@@ -47,7 +46,6 @@ __all__ = [
     "chen_blocks",
     "count_params",
     "layerwise_params",
-    "load_model",
     "model_name",
     "model_state",
     "num_layers_of",
@@ -58,8 +56,8 @@ __all__ = [
     "resolve_jax_policy",
     "run_stack",
     "scan_blocks",
-    "sizes",
     "split_blocks",
+    "sqrt_segment_size",
     "stacked",
     "stream_blocks",
     "with_stack",

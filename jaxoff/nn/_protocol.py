@@ -48,10 +48,7 @@ On the command line a model is a size name (``tiny``, ``llama-tiny``, ...) or
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import os
-import sys
 import typing
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
@@ -60,7 +57,7 @@ import jax
 from flax import nnx
 
 from .._errors import ConfigError
-from ._stack import Stack
+from ._stack import Stack, model_state
 
 BLOCKS = "blocks"
 """Attribute of the built model, and path in its parameter tree, of the stacked blocks."""
@@ -147,7 +144,6 @@ _STATELESS = {
 
 
 def _refuse_state(cfg: Any, who: str, what: str) -> None:
-    from ._stack import model_state
 
     module = nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0)))
     state = model_state(module)
@@ -176,65 +172,3 @@ def count_params(cfg: Any) -> int:
         return int(cfg.num_params())
     state = nnx.state(nnx.eval_shape(lambda: cfg.build(nnx.Rngs(0))), nnx.Param)
     return sum(math.prod(a.shape) for a in jax.tree.leaves(state))
-
-
-def sizes() -> dict[str, Any]:
-    """Every named size of the shipped model families (GPT sizes keep their plain names)."""
-    # jaxoff.models is installed from the repository's models/ (pyproject's force-include):
-    # a type checker reading jaxoff/ does not see it
-    from jaxoff.models.gpt import CONFIGS as gpt  # pyright: ignore[reportMissingImports]
-    from jaxoff.models.llama import CONFIGS as llama  # pyright: ignore[reportMissingImports]
-
-    return {**gpt, **llama}
-
-
-def _import(module_name: str):
-    """Imports ``module_name``; like ``python -m``, the working directory is importable
-    (the ``jaxoff`` script's own ``sys.path`` does not hold it)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-    return importlib.import_module(module_name)
-
-
-def load_model(spec: Any) -> Any:
-    """The model config named by ``spec``: a config itself, a size name, or
-    ``package.module:factory`` (``factory()`` returns a config, or the attribute is one).
-
-    Example:
-        >>> from jaxoff.nn import load_model
-        >>> load_model("tiny").num_layers
-        5
-    """
-    if not isinstance(spec, str):
-        return check_model(spec)
-    spec = spec.strip()
-    if ":" not in spec:
-        known = sizes()
-        if spec not in known:
-            raise ConfigError(
-                f"--model {spec!r} is not a known size; choose one of {', '.join(known)}, or "
-                f"name your own as package.module:factory"
-            )
-        return known[spec]
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = _import(module_name)
-    except ImportError as e:
-        raise ConfigError(
-            f"--model {spec!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?"
-        ) from None
-    if not hasattr(module, attr):
-        raise ConfigError(f"--model {spec!r}: module {module_name!r} has no {attr!r}")
-    obj = getattr(module, attr)
-    if isinstance(obj, type) or (callable(obj) and not dataclasses.is_dataclass(obj)):
-        try:
-            obj = obj()
-        except TypeError as e:
-            raise ConfigError(
-                f"--model {spec!r}: {attr}() must take no arguments and return a model config ({e})"
-            ) from None
-    cfg = check_model(obj)
-    if not getattr(cfg, "name", None) and "name" in {f.name for f in dataclasses.fields(cfg)}:
-        cfg = dataclasses.replace(cfg, name=spec)
-    return cfg

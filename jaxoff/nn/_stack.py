@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .._errors import ConfigError
 from ._layerwise import lazy_stack, recording
 from ._segments import AUTO, chen_blocks, plan_segments, record
 
@@ -225,8 +226,6 @@ def refuse_model_state(blocks: nnx.Module, where: str) -> None:
     carry."""
     rest = model_state(blocks)
     if jax.tree.leaves(rest):
-        from .._errors import ConfigError
-
         kinds = sorted({type(v).__name__ for v in jax.tree.leaves(rest, is_leaf=_is_variable)})
         raise ConfigError(
             f"the blocks hold state besides nnx.Param ({', '.join(kinds)}: dropout RNG "

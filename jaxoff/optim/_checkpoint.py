@@ -23,9 +23,15 @@ import numpy as np
 
 from jaxoff import _faults
 from jaxoff._errors import describe_os_error
-from jaxoff.aio import PageStore, PageStoreCorruptError, PageStoreError, PageStoreFullError
-from jaxoff.aio._layout import parse_dtype
-from jaxoff.aio._pageio import FULL_ERRNOS, fsync_dir
+from jaxoff.aio import (
+    FULL_ERRNOS,
+    PageStore,
+    PageStoreCorruptError,
+    PageStoreError,
+    PageStoreFullError,
+    fsync_dir,
+    parse_dtype,
+)
 from jaxoff.optim._codec import ram_from_bytes
 from jaxoff.optim._paged import PagedState, PagedTransformation, canonical
 from jaxoff.optim._plan import RAM_ENTRY

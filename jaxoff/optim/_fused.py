@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxoff.aio._ffi_calls import register_targets
+from jaxoff.aio import register_targets
 
 ADAMW = "jaxoff_adamw"
 _PARAM_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.core  # jax imports it itself; named so the type checker knows jax.core
@@ -13,20 +13,24 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxoff.aio import PageStore, PageStoreError, PageStoreLayoutError
-from jaxoff.aio._engine import EngineConfig
-from jaxoff.aio._layout import MAX_CHUNK_BYTES, check_chunk_bytes, check_slots
+from jaxoff.aio import (
+    MAX_CHUNK_BYTES,
+    EngineConfig,
+    PageStore,
+    PageStoreError,
+    PageStoreLayoutError,
+    check_chunk_bytes,
+    check_slots,
+)
 from jaxoff.optim import _chunk
 from jaxoff.optim._checks import chain_members, refuse_known_offenders, split_global_prefix
 from jaxoff.optim._codec import ram_bytes_np
+from jaxoff.optim._fused import FusedAdamW
 from jaxoff.optim._plan import RAM_ENTRY, Plan, canonical, make_plan
 from jaxoff.optim._probe import probe_elementwise
 from jaxoff.optim._state import PagedState, make_state
 from jaxoff.optim._transaction import STALE_FIX, PagedTable, PageTransaction, wait_for_steps
 from jaxoff.optim._update import paged_update
-
-if TYPE_CHECKING:
-    from jaxoff.optim._chunks_api import ChunkUpdater
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 DEFAULT_ENGINE = EngineConfig()  # the page files' engine unless given
@@ -137,7 +141,6 @@ def update_and_apply(
     bit (when an update is much larger than the new value), and they cost 4 bytes/parameter.
     A `fused_adamw` updates the parameters in one pass (in place when they are donated).
     """
-    from jaxoff.optim._fused import FusedAdamW  # local: keeps the fused path to these lines
 
     if isinstance(tx, FusedAdamW):
         return tx.apply(grads, opt_state, params)
@@ -167,7 +170,9 @@ def _is_concrete(tree) -> bool:
 class Pager:
     """Everything behind one `paged` transformation: plan, store, compiled tables."""
 
-    _chunk_updater: ChunkUpdater  # set by chunk_updater() at its first call, under its lock
+    # the ChunkUpdater of this transformation: set by chunk_updater() (jaxoff.optim.chunks,
+    # which builds on this module) at its first call, under its lock
+    _chunk_updater: Any
 
     def __init__(
         self,

@@ -55,27 +55,29 @@ from jax import lax
 
 from jaxoff.aio import (
     EngineConfig,
+    Pager,
+    PagerConfig,
+    PagerError,
     PageStore,
     PageStoreError,
     PageStoreLayoutError,
     PageStoreTornError,
-    store_error_from,
-)
-from jaxoff.aio._ffi_calls import register_file_table, unregister_file_table
-from jaxoff.aio._layout import layout_differences, plan_layout, ram_tier_differences
-from jaxoff.aio._manifest import read as read_manifest
-from jaxoff.aio._pager import (
-    Pager,
-    PagerConfig,
-    PagerError,
+    check_ram_tier,
+    layout_differences,
     owner_name,
     page_begin,
     page_commit,
     page_out,
     page_take,
+    plan_layout,
+    ram_tier_differences,
+    ram_tier_dir,
+    read_manifest,
+    register_file_table,
+    store_error_from,
+    unregister_file_table,
     wait_for_steps,
 )
-from jaxoff.aio._ramtier import check_ram_tier, ram_tier_dir
 from jaxoff.optim._codec import write_chunk
 from jaxoff.optim._stepplan import Address, Loop, Site, StepPlan
 
@@ -114,7 +116,7 @@ def stale_reason(store: PageStore, version, fix: str = STALE_FIX) -> str | None:
 
 
 class PagedTable:
-    """The name of one owner's file table (`jaxoff.aio._pager.owner_name`) and the step plans
+    """The name of one owner's file table (`jaxoff.aio.owner_name`) and the step plans
     traced for it: it outlives the transactions of its owner, so that a step compiled before
     the store was closed and opened again finds its plans in the new pager."""
 

@@ -19,7 +19,8 @@ How a strategy pages its state, step by step:
    reads them back). ``Plan.store_entries()`` is the store layout `paged` uses; a strategy
    may cut it further (Fuyou stores one entry per layer of a stacked leaf).
 2. **The transaction.** ``updater.open(entries)`` opens the store with the strategy's
-   layout, its file table and its pager: a `PageTransaction`, closed with ``tx.close()``.
+   layout, its file table and its pager: a `PageTransaction`, closed with ``tx.close()``
+   (a `PagedTable` names the table and keeps the step plans traced for it).
    ``txn.write_initial`` writes and commits the first version (``updater.chunk_init`` and
    ``updater.ram_init`` give its chunks, ``updater.ram_chunk`` the RAM leaves' chunk).
 3. **One step.** ``rec = txn.begin(state.version)`` starts it (the pager refuses a stale
@@ -88,6 +89,7 @@ from ._plan import LeafPlan as LeafPlan
 from ._plan import Plan as Plan
 from ._plan import path_name as path_name
 from ._stepplan import StepPlan as StepPlan
+from ._transaction import PagedTable as PagedTable
 from ._transaction import PageTransaction as PageTransaction
 from ._transaction import StepRecorder as StepRecorder
 
@@ -101,6 +103,7 @@ __all__ = [
     "path_name",
     # 2. and 3. the transaction, one step
     "PageTransaction",
+    "PagedTable",
     "StepPlan",
     "StepRecorder",
     "as_bits",

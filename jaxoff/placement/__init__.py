@@ -12,6 +12,7 @@ switched on by :func:`streamed_model`. :func:`jit_step` compiles with
 
 from .._xla import xla_default_options as xla_default_options
 from ._apply import fetch_params as fetch_params
+from ._apply import global_norm as global_norm
 from ._apply import make_update as make_update
 from ._apply import move as move
 from ._apply import streamed_model as streamed_model
@@ -24,12 +25,16 @@ from ._placement import PRESETS as PRESETS
 from ._placement import Placement as Placement
 from ._placement import get_placement as get_placement
 from ._placement import with_paged_optimizer as with_paged_optimizer
+from ._shardings import FSDP_AXIS as FSDP_AXIS
 from ._shardings import batch_sharding as batch_sharding
 from ._shardings import bytes_by_kind as bytes_by_kind
+from ._shardings import from_host as from_host
 from ._shardings import make_mesh as make_mesh
 from ._shardings import state_shardings as state_shardings
+from ._shardings import tree_shardings as tree_shardings
 
 __all__ = [
+    "FSDP_AXIS",
     "PRESETS",
     "Placement",
     "abstract_with",
@@ -39,13 +44,16 @@ __all__ = [
     "check_placement",
     "compile_placed",
     "fetch_params",
+    "from_host",
     "get_placement",
+    "global_norm",
     "jit_step",
     "make_mesh",
     "make_update",
     "move",
     "state_shardings",
     "streamed_model",
+    "tree_shardings",
     "with_paged_optimizer",
     "xla_default_options",
 ]

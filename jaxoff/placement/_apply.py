@@ -10,6 +10,7 @@ import optax
 from jax.experimental.compute_on import compute_on
 
 from .._errors import ConfigError
+from ..nn import with_stack
 from ..optim import update_and_apply
 from ._placement import Placement, get_placement
 from ._shardings import is_stacked, replicated
@@ -124,7 +125,6 @@ def make_update(tx: optax.GradientTransformation, placement: Placement | str | N
 
 def streamed_model(model_cfg, placement: Placement | str | None, mesh=None):
     """``model_cfg`` (a model config) with the placement's layer streaming switched on."""
-    from ..nn import with_stack
 
     placement = get_placement(placement)
     if not placement.streams:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 
 from .._errors import ConfigError
+from ..nn import check_model
 from ._placement import Placement, get_placement
 from ._shardings import is_stacked
 
@@ -31,8 +32,6 @@ def check_placement(
     """
     placement = get_placement(placement)
     if placement.streams:
-        from ..nn import check_model
-
         check_model(model_cfg, needs=["streaming"])
         stack = model_cfg.stack
         if stack.remat_every != 1:

@@ -7,7 +7,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from .._errors import ConfigError
-from ..nn._protocol import BLOCKS
+from ..nn import BLOCKS
 from ._placement import Placement
 
 FSDP_AXIS = "fsdp"
@@ -70,16 +70,21 @@ def tree_shardings(tree, memory_kind: str, mesh: Mesh | None):
 
 
 def state_shardings(placement: Placement, state, mesh: Mesh | None = None):
-    """Shardings of a ``TrainState`` (or its abstract shapes): params and optimizer
-    states in their placement's memory kind, FSDP-sharded on ``mesh`` when given."""
-    from .._state import TrainState
-
+    """Shardings of a ``jaxoff.step.TrainState`` (or its abstract shapes): params and
+    optimizer states in their placement's memory kind, FSDP-sharded on ``mesh`` when given
+    (fields after the third, a model's rest, are left as they are)."""
     device = placement.memory_kind("device")
-    return TrainState(  # the state's tree, of shardings
-        step=leaf_sharding((), state.step, device, None if mesh is None else mesh),  # pyright: ignore[reportArgumentType]
-        params=tree_shardings(state.params, placement.memory_kind(placement.params), mesh),
-        opt_state=tree_shardings(state.opt_state, placement.memory_kind(placement.opt_state), mesh),
-    )
+    step = leaf_sharding((), state.step, device, None if mesh is None else mesh)  # pyright: ignore[reportArgumentType]
+    params = tree_shardings(state.params, placement.memory_kind(placement.params), mesh)
+    opt_state = tree_shardings(state.opt_state, placement.memory_kind(placement.opt_state), mesh)
+    # the state's own tree (a TrainState, or one with a rest, left as it is here), of shardings
+    return type(state)(step, params, opt_state, *tuple(state)[3:])
+
+
+def from_host(x, sharding) -> jax.Array:
+    """A global array from a host array every process holds whole (the same everywhere)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
 def batch_sharding(mesh: Mesh | None):

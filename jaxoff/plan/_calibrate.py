@@ -13,6 +13,7 @@ import dataclasses
 import math
 import re
 
+from ..step import compile_step
 from ._cost import Plan, needed_and_recomputed, residual_split
 from ._profile import Profile, temp_bytes, trace_profile, with_policy
 
@@ -57,7 +58,6 @@ def calibrate_workspace(prof: Profile, model_cfg) -> Profile:
       layer's backward). It may be negative: a backend whose kept residuals cost more
       than their traced bytes may need less workspace when it recomputes them.
     """
-    from ..step import compile_step
 
     RESIDUAL_NAMES = tuple(model_cfg.residual_names)  # noqa: N806
     found = {}

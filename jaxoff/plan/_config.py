@@ -8,8 +8,21 @@ from typing import Annotated, Any
 
 import tyro
 
+from .. import _output
 from .._errors import ConfigError
-from ..nn import check_model, load_model
+from ..models import load_model  # pyright: ignore[reportMissingImports]
+from ..nn import check_model
+from ..policy import PRESETS as POLICY_PRESETS
+from ..policy import Segments, Untagged, preset
+from ._calibrate import calibrate_workspace
+from ._cost import Plan, evaluate, fits
+from ._greedy import greedy
+from ._hardware import PRESETS, get_hardware, parse_size
+from ._planfile import PlanFile, check_writable, prediction_json
+from ._price import Pricer, solve_priced
+from ._profile import trace_profile
+from ._report import fmt_bytes, print_plan
+from ._solver import solve
 
 # `jaxoff plan` plans for what `jaxoff train` runs by default, its model and batch shape (the
 # planner sits below the trainer and reads nothing of it: tests/test_plan.py checks these are
@@ -29,12 +42,10 @@ def compared_presets() -> tuple[str, ...]:
         >>> "full" in compared_presets() and "sqrt" not in compared_presets()
         True
     """
-    from ..policy import PRESETS
-    from ..policy._policy import Segments, Untagged
 
     return tuple(
         name
-        for name, p in PRESETS.items()
+        for name, p in POLICY_PRESETS.items()
         if p.remat and p.segments is Segments.LAYER and p.untagged is Untagged.RECOMPUTE
     )
 
@@ -90,7 +101,6 @@ class PlanConfig:
     price: bool = True
 
     def validate(self) -> PlanConfig:
-        from ._hardware import PRESETS, parse_size
 
         if self.dtype not in _DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(_DTYPES)}")
@@ -113,7 +123,6 @@ class PlanConfig:
         for name in ("device_mem", "host_mem", "disk"):
             if getattr(self, name) is not None and parse_size(getattr(self, name)) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-        from ._planfile import check_writable
 
         check_writable(self.out, self.overwrite)  # before minutes of profiling
         return self
@@ -129,7 +138,6 @@ class PlanConfig:
             ) from None
 
     def get_hardware(self):
-        from ._hardware import get_hardware, parse_size
 
         hw = get_hardware(self.hardware, self.dtype, self.io_bench)
         size = {
@@ -153,15 +161,6 @@ def make_plan(cfg: PlanConfig, console=None):
         >>> found.model, found.batch, found.seq, (tmp_path / "plan.json").is_file()
         ('tiny', 2, 16, True)
     """
-    from .. import _output
-    from ._calibrate import calibrate_workspace
-    from ._cost import evaluate, fits
-    from ._greedy import greedy
-    from ._planfile import PlanFile, prediction_json
-    from ._price import Pricer, solve_priced
-    from ._profile import trace_profile
-    from ._report import fmt_bytes, print_plan
-    from ._solver import solve
 
     console = console or _output.console()
     hw = cfg.get_hardware()
@@ -245,8 +244,6 @@ def make_plan(cfg: PlanConfig, console=None):
 
 def preset_plan(prof, name: str):
     """A names-based preset as a :class:`~jaxoff.plan._cost.Plan` (params, states on device)."""
-    from ..policy import preset
-    from ._cost import Plan
 
     names = tuple(n.name for n in prof.names)
     return Plan.from_actions(prof, {n: a.value for n, a in preset(name, names).actions})

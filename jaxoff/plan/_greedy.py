@@ -9,6 +9,7 @@ from __future__ import annotations
 from ._cost import HOMES, Plan, Prediction, allowed_homes, choices, evaluate, fits
 from ._hardware import Hardware
 from ._profile import Profile
+from ._solver import restrict
 
 
 def _moves(prof: Profile, plan: Plan, allowed):
@@ -40,7 +41,6 @@ def greedy(
 
     ``actions`` restricts every name to those actions (e.g. ``("device", "remat")``).
     """
-    from ._solver import restrict
 
     allowed = restrict(prof, allowed, actions)
     opts = choices(prof, allowed)

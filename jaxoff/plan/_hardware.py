@@ -16,6 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
 from .._errors import ConfigError
 
 GB = 1e9
@@ -217,8 +220,6 @@ def _time(fn, reps: int) -> float:
 
 def measure_compute(n: int = 1024, dtype: str = "float32", reps: int = 3) -> dict[str, float]:
     """Matmul FLOP/s and memory copy bytes/s of this JAX backend (a few seconds)."""
-    import jax
-    import jax.numpy as jnp
 
     a = jnp.ones((n, n), dtype)
     mm = jax.jit(lambda x: x @ x)
@@ -287,7 +288,6 @@ def calibrate(
     dtype: str = "float32", io_bench: str | Path | None = None, disk_dir: str | None = None
 ) -> Hardware:
     """This machine: JAX's default backend measured; a CPU is one shared memory pool."""
-    import jax
 
     m = measure_compute(dtype=dtype)
     disk = disk_from_iobench(io_bench) if io_bench else measure_disk(disk_dir)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from .._errors import ConfigError
+from ..policy import Policy
 from ._cost import Plan, Prediction
-from ._profile import config_fingerprint
+from ._profile import CARRY, config_fingerprint
 
 VERSION = 1
 
@@ -57,7 +59,6 @@ class PlanFile:
 
     def policy(self):
         """The :class:`jaxoff.policy.Policy` of the plan's residual actions."""
-        from ..policy import Policy
 
         actions = dict(self.plan.actions)
         return Policy.from_mapping(actions, names=tuple(actions))
@@ -192,7 +193,6 @@ def train_homes(pf: PlanFile, store: str = "auto") -> tuple[dict, list[str]]:
     """
     notes = []
     params, opt = pf.plan.params, pf.plan.opt
-    from ._profile import CARRY
 
     if params == "nvme":
         if opt != "nvme":
@@ -242,7 +242,6 @@ def apply_plan(cfg):
     Checks the plan was made for this model and batch shape; prints what the trainer
     cannot realise exactly.
     """
-    import sys
 
     pf = load_plan(cfg.plan)
     model_cfg = dataclasses.replace(cfg, plan=None, policy="none").model_config()

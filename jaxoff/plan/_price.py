@@ -28,10 +28,13 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import jax
+
 from .._errors import ConfigError
 from ._cost import Plan, Prediction, evaluate, fits
 from ._hardware import Hardware
-from ._profile import Profile
+from ._profile import Profile, _plain, measured_temp_bytes
+from ._solver import InfeasibleError, solve
 
 # Two depths past the shallowest (a scanned step's compile time does not grow with its
 # depth): XLA shares some buffers with the stacked ones at small depths, so the per-layer
@@ -74,7 +77,6 @@ class Pricer:
         self._temps: dict[tuple, int] = {}
 
     def _compiled_temp(self, actions: dict[str, str], depth: int) -> int:
-        from ._profile import _plain, measured_temp_bytes
 
         try:
             cfg = dataclasses.replace(_plain(self.model_cfg), num_layers=depth)
@@ -118,7 +120,6 @@ class Pricer:
         correction's modelled side follows that backend (on XLA's CPU backend offloaded
         residuals stay in device temporaries), whatever the target's ``cpu_lowering``.
         """
-        import jax
 
         pred = evaluate(self.prof, hw, plan, cpu_lowering=cpu_lowering)
         same = dataclasses.replace(plan, params="device", opt="device")
@@ -169,7 +170,6 @@ def solve_priced(
     Raises:
         InfeasibleError: no plan fits, or no tried plan's compiled price does.
     """
-    from ._solver import InfeasibleError, solve
 
     budget = hw.device_mem  # the first solve: the cost model's own plan
     limit = hw.device_mem * (1 - margin)

@@ -25,6 +25,9 @@ import math
 
 import jax
 
+from ..nn import Stack, check_model
+from ..policy import Policy, apply_policy
+from ..step import abstract_state, compile_step, make_loss_fn, make_train_step, optimizer, tokens
 from ._jaxpr import block_values, find_scans, jaxpr_flops, residual_bytes
 
 CARRY = "layer_input"  # the block input: kept by remat itself whatever the policy says
@@ -112,7 +115,6 @@ def config_fingerprint(model_cfg) -> dict:
 
 
 def _grad_jaxpr(model_cfg, batch: int, seq: int):
-    from ..step import abstract_state, make_loss_fn, optimizer, tokens
 
     graphdef, state = abstract_state(model_cfg, optimizer())
     tok = tokens(batch, seq)
@@ -120,7 +122,6 @@ def _grad_jaxpr(model_cfg, batch: int, seq: int):
 
 
 def _step_jaxpr(model_cfg, batch: int, seq: int, grad_accum: int = 1):
-    from ..step import abstract_state, make_train_step, optimizer, tokens
 
     tx = optimizer()
     graphdef, state = abstract_state(model_cfg, tx)
@@ -131,20 +132,17 @@ def _step_jaxpr(model_cfg, batch: int, seq: int, grad_accum: int = 1):
 def names_policy(actions: dict[str, str], names=None):
     """A :class:`jaxoff.policy.Policy` over ``names`` (the model's residual names) from
     ``{name: action}`` (unlisted names remat)."""
-    from ..policy import Policy
 
     return Policy.from_mapping({"*": "remat", **actions}, names=names)
 
 
 def with_policy(model_cfg, actions: dict[str, str]):
-    from ..policy import apply_policy
 
     return apply_policy(model_cfg, names_policy(actions, model_cfg.residual_names))
 
 
 def _plain(model_cfg):
     """``model_cfg`` with a plain stack (no remat, one scan, no streaming)."""
-    from ..nn import Stack, check_model
 
     check_model(model_cfg, needs=["policy"])
     return dataclasses.replace(model_cfg, stack=Stack())
@@ -173,7 +171,6 @@ def trace_profile(
         >>> p.workspace_bytes
         0
     """
-    from ..step import abstract_state, make_loss_fn, optimizer, tokens
 
     model_cfg = _plain(model_cfg)
     L = model_cfg.num_layers
@@ -251,7 +248,6 @@ def trace_profile(
 def measured_temp_bytes(prof: Profile, model_cfg, actions: dict[str, str]) -> int:
     """``compiled.memory_analysis().temp_size_in_bytes`` of the scanned step with a plan
     (over ``prof.grad_accum`` micro-batches: its gradient accumulator included)."""
-    from ..step import compile_step
 
     cfg = with_policy(model_cfg, actions)
     compiled = compile_step(cfg, prof.batch, prof.seq, grad_accum=prof.grad_accum)[0]

@@ -30,6 +30,7 @@ from .._errors import ConfigError
 from ._cost import ACTIONS, Plan, allowed_homes, choices, home_costs
 from ._hardware import GIB, Hardware
 from ._profile import Profile
+from ._report import fmt_bytes
 
 
 class InfeasibleError(ConfigError):
@@ -255,7 +256,6 @@ def smallest_budget(
 
 
 def _infeasible_message(prof, hw, allowed, homes, cpu_lowering) -> str:
-    from ._report import fmt_bytes
 
     need_dev = smallest_budget(
         prof, hw, "dev", allowed=allowed, homes=homes, cpu_lowering=cpu_lowering

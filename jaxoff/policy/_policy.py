@@ -18,7 +18,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 
+from jaxoff.models.gpt import RESIDUAL_NAMES
+
 from .._errors import ConfigError
+from ..nn import AUTO, sqrt_segment_size
 
 
 class Action(enum.Enum):
@@ -64,7 +67,6 @@ def default_names() -> tuple[str, ...]:
     (``jaxoff.models.gpt.RESIDUAL_NAMES``), imported here so that importing jaxoff imports no
     model."""
     # jaxoff.models is installed from the repository's models/ (pyproject's force-include)
-    from jaxoff.models.gpt import RESIDUAL_NAMES  # pyright: ignore[reportMissingImports]
 
     return RESIDUAL_NAMES
 
@@ -282,7 +284,6 @@ class Policy:
         segments (``SQRT``), or ``"auto"`` for segments sized when the stack is traced
         (``BYTES``)."""
         # the stack's own spellings (jaxoff.nn imports flax: on use)
-        from ..nn._segments import AUTO, sqrt_segment_size
 
         if not self.remat or self.segments is Segments.LAYER:
             return 1
@@ -331,7 +332,7 @@ def to_jax_policy(policy: Policy) -> Callable | None:
 def _names_then(names: Callable, base: Callable) -> Callable:
     """Names decide first (save/offload); otherwise ``base`` decides (a bool)."""
     # jax.checkpoint_policies.save_from_both_policies refuses Offloadable results.
-    from jax._src.interpreters import partial_eval as pe
+    from jax._src.interpreters import partial_eval as pe  # JAX's internals: only here
 
     def policy(prim, *args, **params):
         out = names(prim, *args, **params)

@@ -13,6 +13,7 @@ from typing import Any, TypeGuard
 import jax
 
 from .._errors import ConfigError
+from ..nn import check_model, model_name, with_stack
 from ._policy import Policy, Segments, Untagged, as_names
 from ._presets import PRESETS, preset
 
@@ -114,7 +115,6 @@ def apply_policy(model_cfg: Any, spec: Spec) -> Any:
         >>> apply_policy(CONFIGS["small"], "sqrt_bytes").stack.remat_every
         'auto'
     """
-    from ..nn import check_model, model_name, with_stack
 
     if _is_jax_name(spec):
         check_model(model_cfg)

@@ -2,8 +2,8 @@
 summed in a ``lax.scan`` so that only one micro-batch's activations exist at a time.
 
 Written once for every step that accumulates (the plain step, `make_train_step`, and the
-FSDP step with a paged optimizer, `ShardedPagedStep`): which rows form each micro-batch
-(:func:`micro_batches`) and how their gradients and losses are summed
+FSDP step with a paged optimizer, ``jaxoff.distributed.ShardedPagedStep``): which rows form
+each micro-batch (:func:`micro_batches`) and how their gradients and losses are summed
 (:func:`accumulate`).
 """
 
@@ -15,6 +15,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ..placement import FSDP_AXIS, move
 
 
 def micro_batches(tokens: jax.Array, n: int, mesh=None) -> jax.Array:
@@ -37,9 +40,6 @@ def micro_batches(tokens: jax.Array, n: int, mesh=None) -> jax.Array:
     split = tokens.reshape(total // n, n, *tokens.shape[1:]).swapaxes(0, 1)
     if mesh is None:
         return split
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from ..placement._shardings import FSDP_AXIS
 
     spec = PartitionSpec(None, FSDP_AXIS, *([None] * (split.ndim - 2)))
     return lax.with_sharding_constraint(split, NamedSharding(mesh, spec))
@@ -78,7 +78,6 @@ def accumulate(
     next (RNG counts advance, batch statistics update) and returned as the last left it.
     Gradients a placement returns in host memory are accumulated on the device.
     """
-    from ..placement._apply import move
 
     xs, ys = micro_batches(inputs, n, mesh), micro_batches(targets, n, mesh)
     shapes = jax.eval_shape(lambda p, r, x, y: grad_fn(p, r, x, y)[1], params, rest, xs[0], ys[0])

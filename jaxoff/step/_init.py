@@ -11,6 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from flax import nnx
 
+from ..nn import layerwise_params
+
 
 @runtime_checkable
 class Initializer(Protocol):
@@ -47,6 +49,5 @@ class RandomInit:
 
     @contextlib.contextmanager
     def layerwise(self, model_cfg) -> Iterator[tuple[Any, Any]]:
-        from ..nn import layerwise_params
 
         yield layerwise_params(lambda: self.model(model_cfg))

@@ -5,13 +5,34 @@ steps from here. Offload lives elsewhere (``jaxoff.placement``)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from .._xla import compiler_options
+from ..aio import PageStoreCorruptError
+from ..nn import model_state
+from ..optim import PagedTransformation, restore_paged, save_paged
+from ..placement import (
+    abstract_with,
+    analyze_export,
+    batch_sharding,
+    compile_placed,
+    fetch_params,
+    from_host,
+    get_placement,
+    jit_step,
+    make_update,
+    state_shardings,
+    streamed_model,
+)
+from ._accum import accumulate, grad_fn_of
+from ._init import RandomInit
 from ._state import TrainState, TrainStateWithRest
 
 
@@ -24,7 +45,6 @@ def split_model(model: nnx.Module):
     sees, and the rest of its state (RNG stream keys and counts, batch statistics), which a
     step carries and updates but never differentiates; ``rest`` is ``None`` when the model
     has no state besides ``nnx.Param``."""
-    from ..nn import model_state
 
     if not jax.tree.leaves(model_state(model)):
         graphdef, params = nnx.split(model, nnx.Param)
@@ -35,7 +55,6 @@ def split_model(model: nnx.Module):
 def call_flags(model, training: bool) -> dict[str, bool]:
     """The train/evaluation flag ``model.__call__`` asks for: ``deterministic=not training``
     or ``train=training`` when it has a parameter of that name, else nothing."""
-    import inspect
 
     try:
         names = inspect.signature(type(model).__call__).parameters
@@ -109,7 +128,6 @@ def make_train_step(
     the FSDP mesh, keeps each micro-batch's rows where the batch sharding put them) before
     the one update; the loss is the micro-batches' mean. With 1 the step is the plain one.
     """
-    from ..placement import fetch_params, make_update
 
     fetch = fetch_params(placement)
     loss_fn = make_loss_fn(graphdef, fetch)
@@ -137,7 +155,6 @@ def make_train_step(
 def _accumulating_step(loss_fn, stateful_loss, update, n: int, mesh):
     """`make_train_step`'s step over ``n`` micro-batches: their gradients accumulated
     (`jaxoff.step._accum.accumulate`), then ``update`` once."""
-    from ._accum import accumulate, grad_fn_of
 
     stateless = grad_fn_of(loss_fn, with_rest=False)
     stateful = grad_fn_of(stateful_loss, with_rest=True)
@@ -166,7 +183,6 @@ def init_state(model_cfg, tx: optax.GradientTransformation, seed: int, initializ
     :class:`TrainStateWithRest` for a model with state besides ``nnx.Param``).
     ``initializer``: where the parameters come from (a :class:`jaxoff.step.Initializer`;
     default: the random init from ``seed``)."""
-    from ._init import RandomInit
 
     model = (initializer or RandomInit(seed)).model(model_cfg)
     graphdef, params, rest = split_model(model)
@@ -192,25 +208,23 @@ def with_rest_shardings(shardings: TrainState, state: Any, mesh=None) -> Any:
     replicated on ``mesh``)."""
     if not isinstance(state, TrainStateWithRest):
         return shardings
-    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
     if mesh is None:
         where = SingleDeviceSharding(jax.devices()[0])
     else:
         where = NamedSharding(mesh, PartitionSpec())
     rest = jax.tree.map(lambda _: where, state.rest)
+    if isinstance(shardings, TrainStateWithRest):
+        return shardings._replace(rest=rest)
     return TrainStateWithRest(*shardings, rest)  # pyright: ignore[reportCallIssue] (3 + 1 fields)
 
 
 def jit_train_step(train_step, placement, state: Any, mesh=None):
     """``jaxoff.placement.jit_step`` of ``train_step``; a :class:`TrainStateWithRest`'s rest
     on the device beside the placed parameters and optimizer state."""
-    from ..placement import batch_sharding, jit_step
 
     if not isinstance(state, TrainStateWithRest):
         return jit_step(train_step, placement, state, mesh)
-    from .._xla import compiler_options
-    from ..placement import get_placement, state_shardings
 
     shardings = state_shardings(get_placement(placement), state, mesh)
     shardings = with_rest_shardings(shardings, state, mesh)
@@ -225,7 +239,7 @@ def jit_train_step(train_step, placement, state: Any, mesh=None):
     return jitted, shardings
 
 
-class _OptaxStep:
+class OptaxStepBase:
     """What the plain and the sharded step share: the loss of ``state.params`` for
     validation, the paged optimizer's file table and its close."""
 
@@ -249,7 +263,7 @@ class _OptaxStep:
         close_optimizer(self.tx)
 
 
-class PlainStep(_OptaxStep):
+class PlainStep(OptaxStepBase):
     """`make_train_step` as a :class:`jaxoff.step.Step`: one device or an FSDP ``mesh`` (the
     optimizer state sharded with the parameters), the state placed by ``placement``, the
     optimizer paged or not (``tx`` from ``jaxoff.paged``: its state is checkpointed by
@@ -277,7 +291,6 @@ class PlainStep(_OptaxStep):
         initializer=None,
         grad_accum: int = 1,
     ):
-        from ..placement import get_placement
 
         self.model_cfg, self.tx, self.mesh, self.seed = model_cfg, tx, mesh, seed
         self.grad_accum = grad_accum
@@ -290,7 +303,6 @@ class PlainStep(_OptaxStep):
     @property
     def paged(self) -> bool:
         """Whether the optimizer state lives in a page store (``tx`` from ``jaxoff.paged``)."""
-        from ..optim import PagedTransformation
 
         return isinstance(self.tx, PagedTransformation)
 
@@ -299,9 +311,6 @@ class PlainStep(_OptaxStep):
         return state
 
     def restore(self, reader, step: int, fall_back):
-        from ..aio import PageStoreCorruptError
-        from ..optim import restore_paged
-        from ..placement import abstract_with, state_shardings
 
         self.graphdef, abstract = abstract_state(self.model_cfg, self.tx)
         shardings = state_shardings(self.placement, abstract, self.mesh)
@@ -319,23 +328,18 @@ class PlainStep(_OptaxStep):
 
     def save(self, writer, step: int, state: TrainState) -> None:
         if self.paged:
-            from ..optim import save_paged
-
             save_paged(
                 self.tx, state.opt_state, writer.paged_part(step), in_store=writer.paged_in_store
             )
         writer.save_tree(step, state)
 
     def compile(self, state: TrainState, inputs, targets) -> TrainState:
-        from ..placement import compile_placed
 
         train_step = make_train_step(
             self.graphdef, self.tx, self.placement, self.grad_accum, self.mesh
         )
         jitted, shardings = jit_train_step(train_step, self.placement, state, self.mesh)
         if jax.process_count() > 1:
-            from ..distributed._sharded import from_host
-
             state = jax.tree.map(from_host, state, shardings)
         else:
             state = jax.device_put(state, shardings)
@@ -356,7 +360,6 @@ def loss_of_params(graphdef: nnx.GraphDef, placement=None, *, stateful: bool = F
     its parameters (placed by ``placement``), the model in evaluation mode (see
     :func:`make_loss_fn`). ``stateful``: ``loss(params, rest, inputs, targets)`` of a model
     with state besides ``nnx.Param``; evaluation leaves that state as it was."""
-    from ..placement import fetch_params
 
     if not stateful:
         return jax.jit(make_loss_fn(graphdef, fetch_params(placement), training=False))
@@ -391,7 +394,6 @@ def compile_step(model_cfg, batch: int, seq: int, placement: str = "device", gra
     so that what ``jaxoff plan`` and ``jaxoff compare`` measure is the program that trains.
     ``grad_accum`` > 1: the step over that many micro-batches of ``batch`` rows (its
     gradient accumulator among the compiled program's temporaries)."""
-    from ..placement import abstract_with, compile_placed, streamed_model
 
     tx = optimizer()
     graphdef, state = abstract_state(streamed_model(model_cfg, placement), tx)
@@ -404,12 +406,6 @@ def compile_step(model_cfg, batch: int, seq: int, placement: str = "device", gra
 
 def export_step(model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None) -> str:
     """StableHLO text of the real train step under ``placement``, exported for ``platform``."""
-    from ..placement import (
-        abstract_with,
-        batch_sharding,
-        get_placement,
-        streamed_model,
-    )
 
     placement = get_placement(placement)
     model_cfg = streamed_model(model_cfg, placement, mesh)
@@ -425,7 +421,6 @@ def check_placement_export(
     model_cfg, placement, tx, batch: int, seq: int, platform: str, mesh=None
 ):
     """:class:`ExportReport` of the exported step, and the list of what is wrong with it."""
-    from ..placement import analyze_export, get_placement
 
     placement = get_placement(placement)
     report = analyze_export(

@@ -16,6 +16,7 @@ Example:
 from . import _builtin  # noqa: F401  (registers the built-in strategies)
 from ._build import STEP_BUILDERS as STEP_BUILDERS
 from ._build import Prepared as Prepared
+from ._build import accumulates as accumulates
 from ._build import build_step as build_step
 from ._build import model_config as model_config
 from ._build import placement as placement
@@ -31,13 +32,14 @@ from ._recipe import register as register
 from ._recipe import strategy_overrides as strategy_overrides
 
 __all__ = [
-    "STEP_BUILDERS",
-    "STRATEGIES",
     "Context",
     "Prepared",
     "Recipe",
+    "STEP_BUILDERS",
+    "STRATEGIES",
     "Strategy",
     "StrategyUnavailable",
+    "accumulates",
     "build_recipe",
     "build_step",
     "get_strategy",

@@ -8,13 +8,24 @@ from typing import Any
 import jax
 
 from .._errors import ConfigError
-from ._recipe import Recipe, StrategyUnavailable
+from ..distributed import ShardedPagedStep
+from ..nn import Stack, check_model, with_stack
+from ..optim import paged
+from ..placement import (
+    abstract_with,
+    check_placement,
+    get_placement,
+    streamed_model,
+    with_paged_optimizer,
+)
+from ..policy import apply_policy, resolve_policy
+from ..step import PlainStep, abstract_state, init_state, jit_train_step, make_train_step
+from ._recipe import Recipe
+from .fuyou import FuyouStep
 
 
 def model_config(recipe: Recipe, base_cfg):
     """``base_cfg`` (a model config) with the recipe's policy and stack overrides."""
-    from ..nn import Stack, with_stack
-    from ..policy import apply_policy, resolve_policy
 
     cfg = apply_policy(base_cfg, recipe.policy)
     names = tuple(getattr(cfg, "residual_names", ()) or ())
@@ -35,19 +46,9 @@ def model_config(recipe: Recipe, base_cfg):
 
 def placement(recipe: Recipe):
     """The recipe's ``Placement`` (adjusted by ``with_paged_optimizer`` when paged)."""
-    from ..placement import get_placement, with_paged_optimizer
 
     p = get_placement(recipe.placement)
     return with_paged_optimizer(p) if recipe.store else p
-
-
-def fuyou_module():
-    """``jaxoff.strategies.fuyou``, or :class:`StrategyUnavailable` saying why not."""
-    try:
-        from . import fuyou
-    except ImportError as e:
-        raise StrategyUnavailable(f"jaxoff.strategies.fuyou cannot be imported ({e})") from None
-    return fuyou
 
 
 @dataclasses.dataclass
@@ -102,9 +103,6 @@ def prepare(
         >>> p.placement.params
         'device'
     """
-    from ..placement import abstract_with, check_placement, streamed_model
-    from ..step import abstract_state, init_state, make_train_step
-    from ..step._plain import jit_train_step
 
     pl = placement(recipe)
     if grad_accum > 1 and not accumulates(recipe):
@@ -119,7 +117,6 @@ def prepare(
     if recipe.store:
         if store_dir is None:
             raise ConfigError("this strategy pages the optimizer state: pass store_dir")
-        from ..optim import paged
 
         tx = paged(tx, store_dir, chunk_bytes=chunk_bytes)
     if recipe.update_in_backward:
@@ -147,15 +144,11 @@ def _fuyou_parts(cfg, tx, pl, seed: int):
     """``(graphdef, state, step_fn)`` of Fuyou's step for the model ``cfg``, initialised and
     built as ``jaxoff train --strategy fuyou`` builds them (`FuyouStep`): in the bits form
     (``blocks_as_bits``) wherever `FuyouStep` decides it applies."""
-    fuyou = fuyou_module()
-    from ..nn import check_model
-    from .fuyou import FuyouStep
 
     check_model(cfg, needs=["fuyou"])  # nnx.Param state only: one line, not flax's error
     step = FuyouStep(cfg, tx, placement=pl, seed=seed)
     state = step.init()
-    step_fn = fuyou.make_fuyou_step(step.graphdef, cfg, tx, blocks_as_bits=step.blocks_as_bits)
-    return step.graphdef, state, step_fn
+    return step.graphdef, state, step.step_fn()
 
 
 def build_step(cfg):
@@ -176,7 +169,6 @@ def build_step(cfg):
 def _trained_model(cfg):
     """``(model_cfg, placement, mesh)`` of ``cfg``: the model with its policy and streaming
     applied, where its state lives, the FSDP mesh (None: one device)."""
-    from ..placement import streamed_model
 
     mesh = cfg.mesh()
     placement = cfg.resolved_placement()
@@ -184,7 +176,6 @@ def _trained_model(cfg):
 
 
 def _plain_step(cfg):
-    from ..step import PlainStep
 
     model_cfg, placement, mesh = _trained_model(cfg)
     return PlainStep(
@@ -199,7 +190,6 @@ def _plain_step(cfg):
 
 
 def _sharded_step(cfg):
-    from ..step import ShardedPagedStep
 
     model_cfg, placement, mesh = _trained_model(cfg)
     pre, tx = cfg.build_optimizer_parts()  # the clipping sees the global gradients
@@ -216,7 +206,6 @@ def _sharded_step(cfg):
 
 
 def _fuyou_step(cfg):
-    from .fuyou import FuyouStep
 
     model_cfg, placement, _ = _trained_model(cfg)
     return FuyouStep(

@@ -10,6 +10,7 @@ activations: offloaded residuals stay in device memory there (see ``docs/guide/p
 
 from __future__ import annotations
 
+from ..plan import Plan, evaluate
 from ._planners import capuchin_actions, checkmate_actions, dtr_actions, policy_spelling
 from ._recipe import Context, Recipe, register
 
@@ -52,8 +53,6 @@ def te_offload(ctx: Context) -> Recipe:
     L = ctx.model_config.num_layers
     n = max(1, L // 2)
     if ctx.device_mem is not None:
-        from ..plan import Plan, evaluate
-
         prof, hw = ctx.profile(), ctx.hw()
         keep = evaluate(prof, hw, Plan.from_actions(prof, {n.name: "device" for n in prof.names}))
         off = evaluate(prof, hw, Plan.from_actions(prof, {n.name: "offload" for n in prof.names}))
@@ -239,8 +238,6 @@ def stronghold(ctx: Context) -> Recipe:
     """
     window = 2
     if ctx.device_mem is not None:
-        from ..plan import Plan, evaluate
-
         prof, hw = ctx.profile(), ctx.hw()
         plan = Plan.from_actions(prof, {}, params="host", opt="host")  # full remat
         base = evaluate(prof, hw, plan).device_bytes  # two layers' parameters on device

@@ -10,11 +10,12 @@ leave device memory) decides whether it fits ``Context.device_mem``.
 from __future__ import annotations
 
 from .._errors import ConfigError
+from ..plan import InfeasibleError, Plan, evaluate, solve
+from ..policy import Policy
 from ._recipe import Context
 
 
 def _fits_or_raise(ctx: Context, prof, hw, plan, who: str):
-    from ..plan import InfeasibleError, evaluate
 
     pred = evaluate(prof, hw, plan)
     if pred.device_bytes > hw.device_mem:
@@ -30,7 +31,6 @@ def _fits_or_raise(ctx: Context, prof, hw, plan, who: str):
 def checkmate_actions(ctx: Context) -> dict[str, str]:
     """The MILP's fastest plan with every name kept on device or recomputed, parameters
     and optimizer states on device (``jaxoff.plan.solve(actions=("device", "remat"))``)."""
-    from ..plan import solve
 
     plan = solve(ctx.profile(), ctx.hw(), actions=("device", "remat"), homes=[("device", "device")])
     return dict(plan.actions)
@@ -46,7 +46,6 @@ def dtr_actions(ctx: Context) -> dict[str, str]:
       half the layers' forward on average plus the block's forward after it is made;
     * bytes: its stacked size.
     """
-    from ..plan import Plan
 
     prof, hw = ctx.profile(), ctx.hw()
     names = [n for n in prof.names if not n.fixed]
@@ -64,8 +63,6 @@ def dtr_actions(ctx: Context) -> dict[str, str]:
                 seen.add(p)
                 total += cost(p, seen)
         return total
-
-    from ..plan import evaluate
 
     while True:
         plan = Plan.from_actions(prof, actions)
@@ -85,7 +82,6 @@ def capuchin_actions(ctx: Context) -> dict[str, str]:
     plan fits; swap one out (offload) while its transfer (out and back, every layer) hides
     behind the step's compute, else pick whichever of swapping or recomputing adds less
     time (the transfer not hidden vs its recompute FLOPs)."""
-    from ..plan import Plan, evaluate
 
     prof, hw = ctx.profile(), ctx.hw()
     L = prof.num_layers
@@ -115,7 +111,6 @@ def capuchin_actions(ctx: Context) -> dict[str, str]:
 
 def policy_spelling(actions: dict[str, str]) -> str:
     """``{name: action}`` as a ``jaxoff.policy`` spelling (``a=remat,...,*=device``)."""
-    from ..policy import Policy
 
     if not actions:
         raise ConfigError("empty plan")

@@ -16,6 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._errors import ConfigError, JaxoffError
+from ..nn import Stack
+from ..placement import PRESETS, Placement
+from ..plan import preset, profile
 
 
 class StrategyUnavailable(JaxoffError):
@@ -54,7 +57,6 @@ class Recipe:
     note: str = ""
 
     def to_json(self) -> dict:
-        from ..placement import Placement
 
         d = dataclasses.asdict(self)
         d["stack_overrides"] = dict(self.stack_overrides)
@@ -64,7 +66,6 @@ class Recipe:
 
     @classmethod
     def from_json(cls, d: Mapping) -> Recipe:
-        from ..placement import Placement
 
         d = dict(d)
         if isinstance(d.get("placement"), Mapping):
@@ -73,7 +74,6 @@ class Recipe:
 
     def placement_name(self) -> str:
         """The placement's preset name (a ``Placement`` object is spelled by its fields)."""
-        from ..placement import PRESETS, Placement
 
         if not isinstance(self.placement, Placement):
             return self.placement
@@ -123,7 +123,6 @@ class Context:
 
     def hw(self):
         """The hardware preset with ``device_mem`` as its device budget."""
-        from ..plan import preset
 
         return preset(self.hardware, self.model_config.dtype).with_budgets(
             device_mem=self.device_mem
@@ -131,14 +130,12 @@ class Context:
 
 
 def _plain(model_cfg):
-    from ..nn import Stack
 
     return dataclasses.replace(model_cfg, stack=Stack())
 
 
 @functools.lru_cache(maxsize=8)
 def _profile(model_cfg, batch: int, seq: int, model: str, grad_accum: int = 1):
-    from ..plan import profile
 
     return profile(model_cfg, batch, seq, model=model, grad_accum=grad_accum)
 

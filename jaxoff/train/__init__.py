@@ -16,6 +16,7 @@ from ._data import load_tokens as load_tokens
 from ._data import split as split
 from ._export import ExportConfig as ExportConfig
 from ._export import export_run as export_run
+from ._export import run_config as run_config
 from ._loop import TrainResult as TrainResult
 from ._loop import train as train
 from ._metrics import read_metrics as read_metrics
@@ -47,6 +48,7 @@ __all__ = [
     "make_loss_fn",
     "make_train_step",
     "read_metrics",
+    "run_config",
     "split",
     "train",
 ]

@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from .. import _faults
 from .._errors import ConfigError, JaxoffError
+from ..distributed import barrier
 from ._checksums import has_checksums, write_checksums
 from ._options import flat_options
 
@@ -44,7 +46,6 @@ class Checkpoints:
     """
 
     def __init__(self, out_dir: Path, keep: int, step=None, paged_in_store: bool = False):
-        import jax
 
         self.out_dir = Path(out_dir).absolute()
         self.directory = self.out_dir / "checkpoints"
@@ -77,7 +78,6 @@ class Checkpoints:
 
     def save(self, step: int, state) -> None:
         """Writes checkpoint ``step``; a full disk raises a one-line :class:`JaxoffError`."""
-        from ..distributed import barrier
 
         try:
             self.step.save(self, step, state)  # its paged part, then save_tree

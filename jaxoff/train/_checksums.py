@@ -16,7 +16,7 @@ from pathlib import Path
 import crc32c
 
 from .._errors import JaxoffError
-from ..aio._pageio import fsync_dir
+from ..aio import fsync_dir
 
 FORMAT = "jaxoff.checkpoint-checksums/1"
 CHECKSUMS = "checksums.json"

@@ -10,7 +10,12 @@ import jax
 import optax
 
 from .._errors import ConfigError
-from ..nn._protocol import model_name
+from ..models import load_model  # pyright: ignore[reportMissingImports]
+from ..nn import model_name
+from ..placement import check_placement, get_placement, make_mesh, with_paged_optimizer
+from ..plan import apply_plan
+from ..policy import apply_policy
+from ..step import RandomInit
 from ..strategies.fuyou import FuyouOptions, RunShape
 from ._config_file import load_config_file as load_config_file  # its old home
 from ._optimizers import build_optimizer_parts, schedule
@@ -19,6 +24,7 @@ from ._options import (
     FLAT_NAMES,
     GROUP_OF,
     GROUPS,
+    TOKEN_FILE_SUFFIXES,
     DataOptions,
     ModelOptions,
     OptimOptions,
@@ -111,8 +117,6 @@ class TrainConfig:
         if self.init_from is not None:
             self = self._with_init_from()  # noqa: PLW0642 (its folder, checked; its tokenizer)
         if self.plan is not None:
-            from ..plan._planfile import apply_plan
-
             self = apply_plan(self)  # noqa: PLW0642 (the plan's policy replaces --policy)
         self.strategy_options.check()
         if self.fuyou != (self.strategy == "fuyou"):  # --fuyou is --strategy fuyou
@@ -133,7 +137,6 @@ class TrainConfig:
                 f"--seq-len {self.seq_len} exceeds model {model_name(model)}'s max_seq_len "
                 f"{model.max_seq_len}; use a shorter --seq-len"
             )
-        from ..placement import check_placement, make_mesh
 
         make_mesh(self.fsdp)  # raises ConfigError when the devices are not there
         if jax.process_count() > 1 and self.fsdp != jax.device_count():
@@ -178,7 +181,6 @@ class TrainConfig:
 
     def _check_grad_accum(self) -> None:
         """--grad-accum fits the placement (Fuyou's refusal: :meth:`_check_fuyou`)."""
-        from ..placement import get_placement
 
         if self.grad_accum > 1 and get_placement(self.placement).streams:
             raise ConfigError(
@@ -193,7 +195,6 @@ class TrainConfig:
         tensor checked, nothing loaded); returns the config with the folder's absolute path
         (config.json records where the run started) and its ``tokenizer.json`` as
         ``--tokenizer`` of a text ``--data`` when none is given."""
-        from ._data import TOKEN_FILE_SUFFIXES
 
         folder = Path(self.init_from).expanduser().absolute()  # pyright: ignore[reportArgumentType]
         if not isinstance(self.model, str) or self.model not in (DEFAULT_MODEL, _hf_name(folder)):
@@ -212,7 +213,7 @@ class TrainConfig:
                 f"--plan {self.plan} and --init-from: a plan is made for a named --model; pass "
                 f"its --policy instead"
             )
-        from jaxoff.models.hf import open_pretrained  # pyright: ignore[reportMissingImports]
+        from jaxoff.models.hf import open_pretrained  # pyright: ignore[reportMissingImports] (--init-from only)
 
         open_pretrained(folder).close()  # PretrainedError naming the file and the fix
         self = dataclasses.replace(self, init_from=folder)  # noqa: PLW0642
@@ -226,10 +227,8 @@ class TrainConfig:
         """Where a new run's parameters come from (a :class:`jaxoff.step.Initializer`): the
         ``--init-from`` checkpoint, else the random init from ``--seed``."""
         if self.init_from is None:
-            from ..step import RandomInit
-
             return RandomInit(self.seed)
-        from jaxoff.models.hf import PretrainedInit  # pyright: ignore[reportMissingImports]
+        from jaxoff.models.hf import PretrainedInit  # pyright: ignore[reportMissingImports] (--init-from only)
 
         return PretrainedInit(Path(self.init_from))
 
@@ -240,11 +239,9 @@ class TrainConfig:
     def model_config(self):
         """The model config this run trains (a :class:`jaxoff.nn.LayeredModel`), with
         ``--positions``/``--dtype``/``--param-dtype`` and the policy's stack applied."""
-        from ..nn import load_model
-        from ..policy import apply_policy
 
         if self.init_from is not None:
-            from jaxoff.models.hf import pretrained_config  # pyright: ignore[reportMissingImports]
+            from jaxoff.models.hf import pretrained_config  # pyright: ignore[reportMissingImports] (--init-from only)
 
             folder = Path(self.init_from).expanduser().absolute()
             base = pretrained_config(folder, name=_hf_name(folder))
@@ -297,7 +294,6 @@ class TrainConfig:
     def resolved_placement(self):
         """The ``jaxoff.placement.Placement`` of this run: ``--placement``, with the optimizer
         state on disk when ``--store`` pages it (see ``with_paged_optimizer``)."""
-        from ..placement import get_placement, with_paged_optimizer
 
         if self.store_dir() is None:
             return get_placement(self.placement)
@@ -305,7 +301,6 @@ class TrainConfig:
 
     def mesh(self):
         """The FSDP ``Mesh`` of ``--fsdp`` devices, or ``None`` for one device."""
-        from ..placement import make_mesh
 
         return make_mesh(self.fsdp)
 

@@ -15,14 +15,11 @@ import json
 import os
 import sysconfig
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._errors import ConfigError
-
-if TYPE_CHECKING:
-    from ._options import DataOptions
+from ._options import TOKEN_DTYPES, TOKEN_FILE_SUFFIXES, DataOptions
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".toml", ".cfg", ".c", ".h")
 DEFAULT_CORPUS_BYTES = 24 * 2**20  # plenty for CPU runs; keeps loading under a second
@@ -134,9 +131,6 @@ def split(tokens: np.ndarray, val_fraction: float = 0.05) -> tuple[np.ndarray, n
     return tokens[:cut], tokens[cut:]
 
 
-TOKEN_DTYPES = ("uint8", "uint16", "uint32")
-"""Element types of token files (``--token-dtype``); ``.npy`` files may also be ``int32``."""
-TOKEN_FILE_SUFFIXES = (".bin", ".npy")
 _SCAN_CHUNK = 1 << 24  # tokens per pass of the id-range check (bounded memory)
 
 
@@ -305,7 +299,7 @@ def _vocab(tokens: np.ndarray, path: Path, declared, side: Path | None) -> int:
 
 def _load_tokenizer(path: Path):
     try:
-        import tokenizers
+        import tokenizers  # optional: pip install 'jaxoff[data]'
     except ImportError:
         raise ConfigError(
             "--tokenizer needs the tokenizers package: pip install 'jaxoff[data]'"

@@ -8,8 +8,14 @@ import json
 from pathlib import Path
 from typing import Literal
 
+from jaxoff.models.gpt import GPTConfig
+from jaxoff.models.llama import LlamaConfig
+
 from .._errors import ConfigError
 from ._checkpoint import complete_steps
+from ._config import TrainConfig
+from ._options import flat_options
+from ._run_source import RunSource
 
 # config.json keys of the --init-from folder an export carries over: the tokenizer's, which
 # are not the model's shape
@@ -76,8 +82,6 @@ class ExportConfig:
 
 def run_config(run: Path):
     """The ``TrainConfig`` a run was trained with (its ``config.json``)."""
-    from ._config import TrainConfig
-    from ._options import flat_options
 
     saved = json.loads((Path(run) / "config.json").read_text())
     return TrainConfig(**flat_options(saved, extra=()))
@@ -85,8 +89,6 @@ def run_config(run: Path):
 
 def _model_config(train_cfg):
     """The run's model config, refused unless it has a Hugging Face counterpart."""
-    from jaxoff.models.gpt import GPTConfig  # pyright: ignore[reportMissingImports]
-    from jaxoff.models.llama import LlamaConfig  # pyright: ignore[reportMissingImports]
 
     try:
         model = train_cfg.model_config()
@@ -112,9 +114,7 @@ def export_run(config: ExportConfig) -> Path:
     Example:
         >>> export_run(ExportConfig(run=run_dir, out=tmp_path / "hf"))  # doctest: +SKIP
     """
-    from jaxoff.models.hf import export_pretrained  # pyright: ignore[reportMissingImports]
-
-    from ._run_source import RunSource
+    from jaxoff.models.hf import export_pretrained  # pyright: ignore[reportMissingImports] (export only)
 
     config = config.validate()
     assert config.run is not None and config.out is not None

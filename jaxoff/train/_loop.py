@@ -11,10 +11,13 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from .. import _faults
 from .._errors import ConfigError, JaxoffError
-from ..aio import WAIT_COUNTERS, PageStoreCorruptError, io_stats
+from ..aio import WAIT_COUNTERS, PageStoreCorruptError, io_stats, store_error_from
+from ..distributed import barrier, broadcast_int, from_host
+from ..placement import batch_sharding
 from ..step import Step
 from ..strategies import build_step
 from ._checkpoint import Checkpoints
@@ -99,7 +102,6 @@ def use_compile_cache(cfg: TrainConfig) -> str | None:
     (which may be gone). JAX fixes its cache at a process's first compilation; it is reset
     here whenever the directory changes, so the new one applies from the next compilation.
     """
-    from jax.experimental.compilation_cache import compilation_cache
 
     global _compile_cache_set
     # a flag jax.config holds at run time; its stubs do not declare it
@@ -123,7 +125,6 @@ def use_compile_cache(cfg: TrainConfig) -> str | None:
 def _prepare(cfg: TrainConfig) -> int | None:
     """`prepare_out_dir` in process 0; every process gets its answer (the step to resume
     from), once process 0 is done with the run directory."""
-    from ..distributed import barrier, broadcast_int
 
     step = prepare_out_dir(cfg) if jax.process_index() == 0 else None
     if jax.process_count() == 1:
@@ -178,7 +179,6 @@ def _fall_back(cfg, ckpts: Checkpoints, step: int, error, damaged: list[int]) ->
     process, ``error`` is the damage found (the step's ``PageStoreCorruptError``).
 
     The steps call it (`jaxoff.step.FallBack`) from their ``restore``."""
-    from ..distributed import barrier, broadcast_int
 
     if isinstance(error, PageStoreCorruptError):  # the working store was checked before: the copy
         error = CheckpointDamagedError(str(error).removeprefix("restore_paged: "))
@@ -220,8 +220,6 @@ def _global_batches(batches: Batches, mesh):
     the whole batch, as the data is the same everywhere, and gives its devices' rows)."""
     if jax.process_count() == 1:
         return batches
-    from ..distributed import from_host
-    from ..placement import batch_sharding
 
     sharding = batch_sharding(mesh)
     return lambda i: tuple(from_host(x, sharding) for x in batches(i))
@@ -300,7 +298,6 @@ def _step_error(e: Exception, step: int) -> Exception:
     """The page store's own message when a step died in it (e.g. a full disk); the store
     raised it inside a host callback or an FFI call, which XLA reports wrapped in a long
     runtime error."""
-    from ..aio import store_error_from
 
     found = store_error_from(e)
     return e if found is None else JaxoffError(f"step {step}: {found}")

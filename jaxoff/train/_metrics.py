@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import sys
 import time
 from pathlib import Path
 
+import jax
 import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Column
 
+from .._memory import peak_rss_bytes as peak_rss_bytes
 from .._output import is_terminal, on_termination
 from ._records import read_metrics as read_metrics
+from ._summary import stopped_line
+from ._tensorboard import TB_DIR, TensorBoardWriter
 from ._watchdog import StallWatchdog, duration
 
 GIB = 2**30
@@ -31,11 +34,6 @@ def disk_io_bytes() -> tuple[int, int]:
     """Bytes this process has read from and written to storage (O_DIRECT included)."""
     io = psutil.Process().io_counters()
     return io.read_bytes, io.write_bytes
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class MetricsLog:
@@ -72,7 +70,6 @@ class MetricsLog:
 
 
 def _process_index() -> int:
-    import jax
 
     return jax.process_index()
 
@@ -81,7 +78,6 @@ def _tensorboard_for(path: Path, out_dir: Path):
     """The run's TensorBoard writer. A new run (no lines in ``path`` yet) removes the event
     files of a run it replaces; a resumed one has TensorBoard drop what the earlier run
     wrote after the checkpoint (those steps run again)."""
-    from ._tensorboard import TB_DIR, TensorBoardWriter
 
     logdir = out_dir / TB_DIR
     steps = [r["step"] for r in read_metrics(path) if "step" in r] if path.exists() else []
@@ -152,7 +148,6 @@ class _Display:
         self._stopped(signal.Signals(signum).name)
 
     def _stopped(self, why: str) -> None:
-        from ._summary import stopped_line
 
         print(stopped_line(self._run, self.step, why), file=sys.stderr, flush=True)
 

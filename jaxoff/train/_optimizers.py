@@ -8,6 +8,7 @@ from pathlib import Path
 
 import optax
 
+from ..optim import paged
 from ._options import Optimizer, OptimOptions
 
 
@@ -71,7 +72,6 @@ def build_optimizer_parts(
     pre = optax.clip_by_global_norm(opt.clip_norm) if opt.clip_norm > 0 else None
     if store is None:
         return pre, tx
-    from ..optim import paged
 
     if pre is not None and not sharded:
         # the leading clip is split off and runs on the gradients in RAM

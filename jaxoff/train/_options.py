@@ -20,12 +20,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._errors import ConfigError
+from ..aio import MAX_CHUNK_BYTES
+from ..plan import parse_size
 from ..strategies.fuyou import FuyouOptions
 
 Optimizer = Literal["adamw", "adam", "lion", "sgd", "rmsprop"]
 Strategy = Literal["plain", "fuyou"]
 PagedCheckpoint = Literal["copy", "store"]
 DEFAULT_MODEL = "mini"  # --model when not given (--init-from then names the model)
+TOKEN_DTYPES = ("uint8", "uint16", "uint32")
+"""Element types of token files (``--token-dtype``); ``.npy`` files may also be ``int32``."""
+TOKEN_FILE_SUFFIXES = (".bin", ".npy")
+"""What makes ``--data`` a token file rather than text."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +261,6 @@ class StoreOptions:
         return self.store != "none"
 
     def check(self) -> None:
-        from ..aio import MAX_CHUNK_BYTES  # the page store's own bound
 
         if self.paged:
             if not 1 <= self.chunk_mib <= MAX_CHUNK_BYTES >> 20:
@@ -282,7 +287,6 @@ class StoreOptions:
 
     def host_mem_bytes(self) -> int:
         """``--host-mem`` in bytes (0: no RAM tier)."""
-        from ..plan import parse_size
 
         try:
             size = parse_size(self.host_mem)
@@ -409,7 +413,6 @@ def _at_least(group: Any, low: int, *names: str) -> None:
 
 def check_data_options(data: Path | None, tokenizer: Path | None, token_dtype: str) -> None:
     """--tokenizer and --token-dtype fit --data (the files themselves are read by training)."""
-    from ._data import TOKEN_DTYPES, TOKEN_FILE_SUFFIXES
 
     is_token_file = data is not None and Path(data).suffix in TOKEN_FILE_SUFFIXES
     if token_dtype != "auto" and token_dtype not in TOKEN_DTYPES:

@@ -12,9 +12,15 @@ import os
 from pathlib import Path
 
 import jax
+import numpy as np
+from flax import nnx
 
 from .._errors import ConfigError
+from ..aio import strangers
 from ._config import TrainConfig
+from ._data import data_batches
+from ._resume import check_out_dir
+from ._rundir import check_free
 
 GIB = 1 << 30
 RUN_MARKERS = ("run.lock", "config.json")  # what makes a folder a run directory
@@ -22,8 +28,6 @@ RUN_MARKERS = ("run.lock", "config.json")  # what makes a folder a run directory
 
 def preflight(cfg: TrainConfig) -> None:
     """All checks of a validated ``cfg`` that need no lock; raises :class:`ConfigError`."""
-    from ._resume import check_out_dir
-    from ._rundir import check_free
 
     check_store_place(cfg)
     if jax.process_index() == 0:  # the one that locks and prepares the run directory
@@ -75,7 +79,6 @@ def check_store_place(cfg: TrainConfig) -> None:
     """``--store`` names a folder of its own: not the run directory, not above or inside it
     (other than the run's own ``<out-dir>/store``), not inside another run, and empty unless
     it is a jaxoff page store."""
-    from ..aio._store_files import strangers
 
     root = cfg.store_dir()
     if root is None:
@@ -120,7 +123,6 @@ def check_store_place(cfg: TrainConfig) -> None:
 def check_data(cfg: TrainConfig) -> None:
     """The tokens of ``cfg.data_options`` load, fit the model's vocabulary, and make batches
     of this size (the training loop's own `data_batches`)."""
-    from ._data import data_batches
 
     data_batches(
         cfg.data_options, cfg.seed, cfg.model_config().vocab_size, f"model {cfg.model_label()}"
@@ -130,8 +132,6 @@ def check_data(cfg: TrainConfig) -> None:
 def param_bytes(model_cfg) -> tuple[int, int] | None:
     """``(parameters, bytes)`` of ``model_cfg``'s parameters, from shapes alone; None when
     the model cannot be traced abstractly."""
-    import numpy as np
-    from flax import nnx
 
     try:
         abstract = nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0)))

@@ -9,7 +9,20 @@ import shutil
 import sys
 from pathlib import Path
 
+import jax
+
 from .._errors import ConfigError, JaxoffError
+from ..aio import (
+    PageStore,
+    PageStoreCorruptError,
+    PageStoreError,
+    PageStoreFormatError,
+    PageStoreNotFoundError,
+    is_store,
+    owned_files,
+    read_manifest,
+    remove_owned,
+)
 from ._checkpoint import check_resumable, complete_steps, remove_step, step_dirs
 from ._checksums import CheckpointDamagedError, verify_checksums, write_checksums
 from ._config import RESUMABLE_CHANGES, TrainConfig
@@ -18,7 +31,6 @@ from ._options import flat_options
 
 def say(message: str) -> None:
     """One line for the user, on stderr (whether or not the progress display is on)."""
-    import jax
 
     who = f"jaxoff train [process {jax.process_index()}]" if jax.process_count() > 1 else ""
     print(f"{who or 'jaxoff train'}: {message}", file=sys.stderr, flush=True)
@@ -171,9 +183,6 @@ def remove_run(cfg: TrainConfig) -> None:
     """Deletes what a run wrote in ``cfg.out_dir``, by name: its config, metrics logs,
     checkpoints (step folders) and, with the run's own store, that store's files. Anything
     else in the folder, or in those subfolders, is kept."""
-    from ..aio._manifest import read as read_manifest
-    from ..aio._store_errors import PageStoreError
-    from ..aio._store_files import is_store, owned_files, remove_owned
 
     out = Path(cfg.out_dir)
     for name in ("metrics.jsonl", "config.json"):
@@ -300,15 +309,6 @@ def heal_store(cfg: TrainConfig, step: int | None) -> None:
     checkpoint: ``None``). Only the files the store's marker or its layout name are deleted
     (its ``LOCK`` and marker kept): anything else in the folder is not jaxoff's.
     """
-    from ..aio import (
-        PageStore,
-        PageStoreCorruptError,
-        PageStoreFormatError,
-        PageStoreNotFoundError,
-    )
-    from ..aio._manifest import read as read_manifest
-    from ..aio._store_errors import PageStoreError
-    from ..aio._store_files import owned_files, remove_owned
 
     root = cfg.store_dir()
     assert root is not None  # called for runs with a store only

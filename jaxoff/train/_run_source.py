@@ -16,9 +16,12 @@ import crc32c
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
 
 from .._errors import ConfigError
-from ._checksums import CheckpointDamagedError
+from ..aio import PageStore
+from ._checksums import CheckpointDamagedError, verify_checksums
 
 _KEY = re.compile(r"\['([^']*)'\]")
 MANIFEST = "paged.json"  # what `jaxoff.optim`'s copy_out writes last in a paged part
@@ -37,7 +40,6 @@ def _keys(path) -> list:
 def _orbax_params(step_dir: Path) -> dict[tuple[str, ...], np.ndarray]:
     """``{parameter path: array}`` of the ``params`` of an orbax checkpoint's state (read
     alone: the optimizer state it holds beside them is left on disk)."""
-    import orbax.checkpoint as ocp
 
     item = (step_dir / "default").absolute()
     absl = logging.getLogger("absl")  # orbax warns of a metadata file its manager never wrote
@@ -123,7 +125,6 @@ class PagedPart:
 
 def _in_store(meta: dict, directory: Path):
     """The page store an in-store checkpoint names, checked to hold that version still."""
-    from ..aio import PageStore
 
     root, version = meta["in_store"], int(meta["store_version"])
     try:
@@ -152,9 +153,6 @@ class RunSource:
     """
 
     def __init__(self, run_dir: Path, step: int, model_cfg, page_params: bool):
-        from flax import nnx
-
-        from ._checksums import verify_checksums
 
         self.config = model_cfg
         run_dir = Path(run_dir).absolute()

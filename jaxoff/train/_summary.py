@@ -14,6 +14,8 @@ import shlex
 import sys
 from pathlib import Path
 
+import jax
+
 from ._checkpoint import complete_steps
 from ._records import read_metrics
 from ._tensorboard import TB_DIR
@@ -25,7 +27,6 @@ PLOT = "loss.png"
 def resume_command(cfg) -> str:
     """The command that continues this run: the command line it was started with, less
     ``--overwrite``, plus ``--resume``; from Python, the ``TrainConfig`` to pass."""
-    import jax
 
     if jax.process_count() > 1:
         return "the same jaxoff launch command with --resume among train's options"
@@ -59,8 +60,9 @@ def stopped_line(cfg, step: int, why: str) -> str:
 
 def plot_losses(records: list[dict], path: Path, title: str = "") -> Path:
     """Training (and validation) loss against step as a PNG (matplotlib's Agg, no display)."""
+    # heavy: matplotlib loads only to draw the curve
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # (the same)
 
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
@@ -138,7 +140,6 @@ def summary_lines(cfg, records: list[dict], run_records: list[dict], plot: Path 
 def finish_run(cfg, records: list[dict]) -> list[str]:
     """At the end of a run (process 0): draws ``loss.png`` and prints the summary; returns
     its lines."""
-    import jax
 
     if jax.process_index() != 0:
         return []

@@ -84,7 +84,7 @@ class TensorBoardWriter:
     """
 
     def __init__(self, logdir: Path, purge_from: int | None = None):
-        from tensorboardX.record_writer import RecordWriter
+        from tensorboardX.record_writer import RecordWriter  # heavy (protobuf): a run's events only
 
         # a generated protobuf module: its classes are made at import time (no stubs)
         events_pb2 = importlib.import_module("tensorboardX.proto.event_pb2")

@@ -16,6 +16,7 @@ from flax import nnx
 from jaxoff._errors import ConfigError
 from jaxoff.aio import PageStoreError
 from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
+from jaxoff.nn import check_model as check_protocol
 from jaxoff.optim import PagedTransformation
 from jaxoff.optim.chunks import (
     ChunkUpdater,
@@ -25,6 +26,7 @@ from jaxoff.optim.chunks import (
     ends_with_paged,
     path_name,
 )
+from jaxoff.plan import total_ram
 
 from . import _params as fp
 
@@ -106,9 +108,8 @@ def _updater(tx) -> ChunkUpdater:
 
 
 def _check_model(model_cfg) -> None:
-    from jaxoff.nn import check_model
 
-    check_model(model_cfg, needs=["fuyou"])
+    check_protocol(model_cfg, needs=["fuyou"])
     stack = model_cfg.stack
     bad = {k: getattr(stack, k) for k in ("stream_window", "split_layers") if getattr(stack, k)}
     if stack.remat_every != 1:
@@ -228,7 +229,6 @@ def default_read_ahead_bytes() -> int:
     """The default ``read_ahead_bytes``: ``max(READ_AHEAD_BYTES, RAM / 32)`` (768 MiB on a
     24 GiB machine, a whole layer of a 50M-parameter block's AdamW state): the pager's
     buffers, twice the budget, stay within a sixteenth of RAM."""
-    from jaxoff.plan._hardware import total_ram
 
     return max(READ_AHEAD_BYTES, int(total_ram()) // READ_AHEAD_RAM_FRACTION)
 

@@ -7,6 +7,9 @@ import dataclasses
 from typing import Any
 
 from jaxoff._errors import ConfigError
+from jaxoff.nn import recomputes_everything
+
+from ._layout import check_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +71,6 @@ class FuyouOptions:
                 f"--grad-accum (the paged update after the backward pass), or a larger "
                 f"--batch-size under Fuyou"
             )
-        from jaxoff.nn import recomputes_everything
 
         stack = getattr(model, "stack", None)
         if run.policy != "none" and not recomputes_everything(getattr(stack, "policy", None)):
@@ -100,7 +102,6 @@ class FuyouOptions:
                 f"--page-params, in the page store) and the optimizer state in the store: "
                 f"--placement {run.placement} does not apply; use --placement device"
             )
-        from ._layout import check_model
 
         check_model(model)  # a protocol model with stacked blocks, one block per layer step
 

@@ -169,17 +169,21 @@ class FuyouStep:
             state = state._replace(params=_nonempty(state.params))
         writer.save_tree(step, state)
 
-    def compile(self, state: TrainState, inputs, targets) -> TrainState:
-        """Compiles ``make_fuyou_step`` (the state donated)."""
-
-        step = make_fuyou_step(
+    def step_fn(self):
+        """The step function, not jitted: ``make_fuyou_step`` in this step's form (paged
+        parameters, bits form), the one `compile` compiles and `jaxoff compare` runs."""
+        return make_fuyou_step(
             self.graphdef,
             self.model_cfg,
             self.tx,
             page_params=self.page_params,
             blocks_as_bits=self.blocks_as_bits,
         )
-        self._step = jax.jit(step, donate_argnums=0).lower(state, inputs, targets).compile()
+
+    def compile(self, state: TrainState, inputs, targets) -> TrainState:
+        """Compiles `step_fn` (the state donated)."""
+        step = jax.jit(self.step_fn(), donate_argnums=0)
+        self._step = step.lower(state, inputs, targets).compile()
         return state
 
     def __call__(self, state: TrainState, inputs, targets):

@@ -1,5 +1,5 @@
 """FSDP training with a paged optimizer as a :class:`jaxoff.step.Step`: each process pages the
-blocks it owns (see ``jaxoff.distributed._sharded`` for the layout).
+blocks it owns (see `_sharded` for the layout).
 
 Parameters and gradients are global arrays, sharded over a 1-D ``fsdp`` mesh that may span
 processes; a process's page store holds the optimizer state and master weights of its blocks
@@ -25,12 +25,16 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._accum import accumulate, grad_fn_of
-from ._plain import _OptaxStep, make_loss_fn
-from ._state import TrainState
+from ..aio import PageStoreCorruptError
+from ..nn import check_model
+from ..optim import restore_paged, save_paged, update_and_apply
+from ..placement import batch_sharding, fetch_params, global_norm, move
+from ..step import OptaxStepBase, TrainState, accumulate, grad_fn_of, make_loss_fn
+from ._runtime import allgather_ints
+from ._sharded import ShardedParams, init_sharded
 
 
-class ShardedPagedStep(_OptaxStep):
+class ShardedPagedStep(OptaxStepBase):
     """``step(state, inputs, targets) -> (state, metrics)`` for FSDP with a paged optimizer.
 
     ``state.params`` are global arrays with the shardings of ``placement`` on ``mesh``;
@@ -53,7 +57,6 @@ class ShardedPagedStep(_OptaxStep):
         initializer=None,
         grad_accum: int = 1,
     ):
-        from ..nn import check_model
 
         check_model(model_cfg, needs=["sharded"])  # nnx.Param state only: one line if not
         self.model_cfg, self.pre, self.tx, self.mesh = model_cfg, pre, tx, mesh
@@ -68,7 +71,6 @@ class ShardedPagedStep(_OptaxStep):
     def _start(self, init_opt: bool) -> TrainState:
         """The model built from the seed, its parameters sharded (and ``tx``'s state of this
         process's blocks with ``init_opt``); builds the two programs of a step."""
-        from ..distributed._sharded import init_sharded
 
         self.graphdef, state, shardings = init_sharded(
             self.model_cfg,
@@ -84,9 +86,6 @@ class ShardedPagedStep(_OptaxStep):
         return state
 
     def _build(self, shardings) -> None:
-        from ..optim import update_and_apply
-        from ..placement import batch_sharding, fetch_params
-        from ..placement._apply import global_norm, move
 
         # host parameters are fetched (or streamed layer by layer) as in the one-device step
         loss_fn = make_loss_fn(self.graphdef, fetch_params(self.placement))
@@ -125,9 +124,6 @@ class ShardedPagedStep(_OptaxStep):
         """Checkpoint ``step``: its parameters from orbax (every process together), this
         process's paged part into its store. When any process finds its part damaged, every
         process falls back together."""
-        from ..aio import PageStoreCorruptError
-        from ..distributed._sharded import ShardedParams
-        from ..optim import restore_paged
 
         state = self._start(init_opt=False)
         while True:
@@ -150,7 +146,6 @@ class ShardedPagedStep(_OptaxStep):
     def save(self, writer, step: int, state: TrainState) -> None:
         """This process's paged part, then orbax's (the step and the global parameters: the
         optimizer state is each process's own)."""
-        from ..optim import save_paged
 
         save_paged(
             self.tx, state.opt_state, writer.paged_part(step), in_store=writer.paged_in_store
@@ -168,8 +163,6 @@ class ShardedPagedStep(_OptaxStep):
         out (``blocks_out_s``), the paged update (``local_update_s``, its disk I/O included)
         and the new blocks back into global arrays (``blocks_in_s``)."""
         if self.layout is None:
-            from ..distributed._sharded import ShardedParams
-
             self.layout = ShardedParams(state.params, self._shardings)
         t0 = time.perf_counter()
         step, loss, grads, norm = self._grads(state.step, state.params, inputs, targets)
@@ -198,7 +191,6 @@ class ShardedPagedStep(_OptaxStep):
 
 def _damaged_processes(mine: bool) -> list[int]:
     """The processes whose paged part of the checkpoint being restored is damaged."""
-    from ..distributed._runtime import allgather_ints
 
     flags = allgather_ints([int(mine)])[:, 0]
     return [p for p, bad in enumerate(flags) if bad]

@@ -20,7 +20,7 @@ from jaxoff.models.llama import LlamaConfig
 from . import _mapping
 from ._config import hf_config, infer_model_type
 from ._errors import PretrainedError
-from ._load import INDEX, TOKENIZER_FILES
+from ._load import INDEX, TOKENIZER_FILES, abstract_params
 from ._safetensors import Planned, header_bytes
 
 EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -78,8 +78,6 @@ def _shard_names(n: int) -> list[str]:
 
 def _plan(rules, cfg, dtype) -> list[tuple[_mapping.Rule, int | None, Planned]]:
     """Every tensor in the order they are written: outside the blocks, then layer by layer."""
-    from ._load import abstract_params
-
     _, shapes, _ = abstract_params(cfg)
     out = []
     for rule in (r for r in rules if not r.is_block):
