@@ -1,16 +1,65 @@
-"""Errors jaxoff raises for bad input: each message says what happened and what to do."""
+"""Errors jaxoff raises for bad input: each message says what happened and what to do.
+
+A message names the options to change as Python writes them, in backticks: `` `page_params` ``
+or `` `clip_norm=0` `` (a ``TrainConfig`` option or a keyword argument; `JaxoffError.options`
+lists them). The ``jaxoff`` command says them as its flags, from one table
+(``jaxoff.cli.flag_table``): ``--page-params``, ``--clip-norm 0``.
+"""
 
 from __future__ import annotations
 
 import errno
+import re
+from collections.abc import Callable
+
+# an option in a message: `name` or `name=value` (a Python identifier, lower case)
+OPTION = re.compile(r"`([a-z_][a-z0-9_]*)(?:=([^`]*))?`")
 
 
 class JaxoffError(Exception):
     """Base class of jaxoff's own errors."""
 
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The options the message names (`` `name` `` or `` `name=value` ``), in order.
+
+        >>> OptionError("`page_params=True` needs `fuyou=True`").options
+        ('page_params', 'fuyou')
+        """
+        return tuple(dict.fromkeys(m.group(1) for m in OPTION.finditer(str(self))))
+
+    def said_with(self, flag_of: Callable[[str, str | None], str | None]) -> str:
+        """The message with each option ``name`` (``value``: None, or what follows ``=``)
+        replaced by ``flag_of(name, value)``, where that is not None.
+
+        >>> e = OptionError("`fuyou=True` cannot clip: pass `clip_norm=0`")
+        >>> e.said_with(lambda n, v: f"--{n}" if v == "True" else f"--{n} {v}")
+        '--fuyou cannot clip: pass --clip_norm 0'
+        """
+
+        return say_options(str(self), flag_of)
+
+
+def say_options(message: str, flag_of: Callable[[str, str | None], str | None]) -> str:
+    """``message`` with each option (`` `name` ``, `` `name=value` ``) replaced by
+    ``flag_of(name, value)`` where that is not None (`JaxoffError.said_with`)."""
+
+    def say(m: re.Match) -> str:
+        flag = flag_of(m.group(1), m.group(2))
+        return m.group(0) if flag is None else flag
+
+    return OPTION.sub(say, message)
+
 
 class ConfigError(JaxoffError, ValueError):
     """A configuration value is wrong; the message names the option and the fix."""
+
+
+class OptionError(ConfigError):
+    """An option's value is wrong, or options do not go together: raised by the packages
+    below the commands (the engine, the optimizer, the placements, the strategies, the
+    models), whose message names Python options only (`` `name=value` ``, see the module),
+    never a command's flag."""
 
 
 class UsageError(ConfigError):

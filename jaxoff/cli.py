@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import tyro
 
 from . import _notices
-from ._errors import JaxoffError, UsageError, describe_os_error
+from ._errors import OPTION, JaxoffError, UsageError, describe_os_error, say_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,7 +313,9 @@ def _main(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return 2
-    with _notices.as_lines():  # e.g. the I/O backend's: `jaxoff: note: ...`, not WARNING:...
+    # notices (the I/O backend's, say) as `jaxoff: note: ...` lines, not WARNING:..., their
+    # options said as this command's flags
+    with _notices.as_lines(say=lambda line: said_with_flags(name, line)):
         return _command(name, rest, debug)
 
 
@@ -330,7 +332,7 @@ def _command(name: str, rest: list[str], debug: bool) -> int:
     except JaxoffError as e:
         if debug and not isinstance(e, UsageError):
             traceback.print_exc()
-        print(f"{prefix} {_with_flags(name, _one_line(e))}", file=sys.stderr)
+        print(f"{prefix} {_one_line(said_with_flags(name, e))}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (the last word on any failure is one line)
         if debug:
@@ -360,26 +362,55 @@ def _command(name: str, rest: list[str], debug: bool) -> int:
     return code
 
 
-# Library errors name the Python option to change (``chunk_bytes=``, ``jaxoff.paged``); when
-# the CLI reports one it adds the flag of the command that sets it.
-_FLAGS = {
+# Library errors name Python options (`page_params`, `clip_norm=0`: jaxoff._errors); the one
+# table of the flags that set them: each command's own options by tyro's names (`lr` is
+# --lr), and for train the library's options that a flag sets in other units.
+_OTHER_UNITS: dict[str, dict[str, tuple[str, Callable[[str], str]]]] = {
     "train": {
-        "chunk_bytes=": "--chunk-mib",
-        "clip_norm=0": "--clip-norm 0",
-        "jaxoff.strategies.fuyou": "--strategy fuyou",
-        "store (jaxoff.paged)": "--store DIR",
+        "chunk_bytes": ("--chunk-mib", lambda v: str(-(-int(v) // (1 << 20)))),
+        "fuyou_read_ahead_bytes": ("--fuyou-read-ahead-mib", lambda v: str(int(v) >> 20)),
     },
 }
 
 
-def _with_flags(name: str, message: str) -> str:
-    """``message`` with the flags of ``jaxoff name`` that set the Python options it names."""
-    flags = [
-        flag
-        for key, flag in _FLAGS.get(name, {}).items()
-        if key in message and flag.split()[0] not in message
-    ]
-    return f"{message} (jaxoff {name}: {', '.join(flags)})" if flags else message
+def flag_table(name: str) -> dict[str, tuple[str, Callable[[str], str]]]:
+    """Option -> (flag of ``jaxoff name``, converter of a value to the flag's units).
+
+    >>> flag_table("train")["page_params"][0], flag_table("train")["chunk_bytes"][0]
+    ('--page-params', '--chunk-mib')
+    """
+    if name == "train":
+        from .train import FLAT_NAMES  # heavy (jax): only when a command has failed
+
+        names = list(FLAT_NAMES)
+    else:
+        config_type = COMMANDS[name]().config_type
+        names = [f.name for f in dataclasses.fields(config_type)]
+    same = {n: ("--" + n.replace("_", "-"), str) for n in names}
+    return same | _OTHER_UNITS.get(name, {})
+
+
+def said_with_flags(name: str, message: str | JaxoffError) -> str:
+    """``message`` (an error's, a notice's) with each option it names said as the flag of
+    ``jaxoff name`` that sets it (`` `clip_norm=0` `` -> ``--clip-norm 0``, `` `fuyou=True` ``
+    -> ``--fuyou``, `` `resume=False` `` -> ``--no-resume``); an option no flag sets stays as
+    it is."""
+    message = str(message)
+    if not OPTION.search(message):
+        return message
+    table = flag_table(name)
+
+    def flag_of(option: str, value: str | None) -> str | None:
+        if option not in table:
+            return None
+        flag, convert = table[option]
+        if value is None or value == "True":
+            return flag
+        if value == "False":
+            return "--no-" + flag[2:]
+        return f"{flag} {convert(value.strip(chr(39) + chr(34)))}"
+
+    return say_options(message, flag_of)
 
 
 def _one_line(e: BaseException | str) -> str:

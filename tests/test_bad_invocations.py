@@ -38,7 +38,7 @@ CASES = [
     (["train", "--positions", "sideways"], ["--positions 'sideways' is not a choice"]),
     (["train", "--config"], ["--config needs a file"]),
     # train: values
-    (["train", "--model", "huge"], ["--model 'huge' is not a known size", "choose one of"]),
+    (["train", "--model", "huge"], ["--model huge is not a known size", "choose one of"]),
     (["train", "--model", "no_such_pkg.mod:build"], ["cannot import 'no_such_pkg.mod'"]),
     (["train", "--model", "jaxoff.models.gpt:nope"], ["has no 'nope'"]),
     (["train", "--model", "tiny", "--policy", "sometimes"], ["not a known policy"]),
@@ -201,7 +201,7 @@ CASES = [
         id="train --resume on an empty dir",
     ),
     # compare
-    (["compare", "--model", "huge"], ["--model 'huge' is not a known size"]),
+    (["compare", "--model", "huge"], ["--model huge is not a known size"]),
     (["compare", "--model", "tiny", "--policies", "none,selectiv"], ["'selectiv'", "selective"]),
     (["compare", "--model", "tiny", "--policies", "none,none"], ["twice"]),
     (["compare", "--model", "tiny", "--strategies", "no_such"], ["no_such"]),
@@ -231,7 +231,7 @@ CASES = [
     (["launch", "--", "launch", "--", "train"], ["launch"]),
     (["launch", "--devices-per-process", "x", "--", "train"], ["--devices-per-process"]),
     # plan
-    (["plan", "--model", "huge"], ["--model 'huge' is not a known size"]),
+    (["plan", "--model", "huge"], ["--model huge is not a known size"]),
     (["plan", "--model", "tiny", "--hardware", "abacus"], ["--hardware 'abacus'"]),
     (["plan", "--model", "tiny", "--device-mem", "lots"], ["'lots' is not a size"]),
     (["plan", "--model", "tiny", "--device-mem", "-1GiB"], ["'-1GiB' is not a size"]),

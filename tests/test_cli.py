@@ -140,7 +140,7 @@ def test_debug_prints_the_traceback_before_the_line(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "ConfigError" in err
-    assert _lines(err)[-1].startswith("jaxoff train: error: --model 'huge' is not a known size")
+    assert _lines(err)[-1].startswith("jaxoff train: error: --model huge is not a known size")
 
 
 def test_debug_from_the_environment(monkeypatch, capsys):

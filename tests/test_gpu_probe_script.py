@@ -21,9 +21,16 @@ CPU = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
 def load(path):
+    """The script as a module; the environment it sets for its own children as it is
+    imported (XLA_PYTHON_CLIENT_PREALLOCATE) is undone."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    env = dict(os.environ)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
     return mod
 
 

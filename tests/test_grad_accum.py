@@ -260,8 +260,8 @@ def test_a_model_with_state_carries_it_through_the_micro_batches():
         (dict(grad_accum=-3), "--grad-accum must be at least 1"),
         (
             dict(grad_accum=4, fuyou=True, clip_norm=0.0),
-            "--grad-accum 4 does not apply to --strategy fuyou, which updates each layer inside "
-            "the backward pass",
+            "`grad_accum=4` does not apply to `strategy='fuyou'`, which updates each layer "
+            "inside the backward pass",
         ),
         (
             dict(grad_accum=2, policy="full", placement="host_params_stream1"),

@@ -60,7 +60,7 @@ def test_too_big_names_the_numbers_and_the_tier_that_fits():
     assert "RAM tier 20.00 GiB" in msg
     assert "only 16.00 GiB is available" in msg
     assert "cgroup limit 16.00 GiB" in msg
-    assert "lower --host-mem to at most 12.00 GiB" in msg
+    assert "lower `host_mem` to at most 12.00 GiB" in msg
 
 
 def test_cgroup_usage_and_memavailable_both_bound():

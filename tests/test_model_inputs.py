@@ -281,8 +281,8 @@ def test_state_in_blocks_is_refused_where_a_custom_vjp_runs_the_layers():
 @pytest.mark.parametrize(
     ("options", "advice"),
     [
-        (dict(fuyou=True, clip_norm=0.0), "train it without --fuyou"),
-        (dict(fsdp=2), "--fsdp and --store none"),
+        (dict(fuyou=True, clip_norm=0.0), "train it without `fuyou=True`"),
+        (dict(fsdp=2), "`fsdp` and `store='none'`"),
     ],
     ids=["fuyou", "sharded"],
 )

@@ -183,7 +183,7 @@ def test_fsdp_mesh_host_params_streamed():
     "kwargs, match",
     [
         (dict(placement="host_params_stream1", policy="sqrt"), "remat_every|policy"),
-        (dict(placement="host_params_stream1", policy="selective"), "--policy full"),
+        (dict(placement="host_params_stream1", policy="selective"), "`policy='full'`"),
         (dict(placement="host_params_stream0", policy="full"), "at least 1"),
         (dict(placement="host_params_stream-2", policy="full"), "at least 1"),
         (dict(placement="host_everything"), "not known"),

@@ -316,7 +316,7 @@ def test_train_runs_a_plan_with_parameters_on_nvme(tiny_profile, tmp_path):
     from jaxoff.train import train
 
     cfg = _all_remat_plan_run(tiny_profile, tmp_path, "nvme")
-    with pytest.raises(ConfigError, match="--clip-norm 0"):
+    with pytest.raises(ConfigError, match="`clip_norm=0`"):
         cfg.validate()
     cfg = dataclasses.replace(cfg, clip_norm=0.0)
     got = cfg.validate()

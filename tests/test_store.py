@@ -322,7 +322,7 @@ def test_checksum_detects_a_flipped_byte(tmp_path):
         with pytest.raises(PageStoreCorruptError) as err:
             store.read("opt.mu.w")
         msg = str(err.value)
-        assert path in msg and f"offset {2 * KB4}" in msg and "--resume" in msg
+        assert path in msg and f"offset {2 * KB4}" in msg and "`resume=True`" in msg
         want = crc32c.crc32c(data["opt.mu.w"].reshape(-1).view(np.uint8)[2 * KB4 : 3 * KB4])
         assert f"expected crc32c 0x{want:08x}" in msg
         with pytest.raises(PageStoreCorruptError, match="1 chunks .* are damaged"):
@@ -333,7 +333,7 @@ def test_truncated_file_is_reported(tmp_path):
     root, _, path = _committed(tmp_path)
     with PageStore.open(root) as store:
         os.truncate(path, 3 * KB4 + 10)
-        with pytest.raises(PageStoreCorruptError, match=r"is \d+ bytes short.*--resume"):
+        with pytest.raises(PageStoreCorruptError, match=r"is \d+ bytes short.*`resume=True`"):
             store.read("opt.mu.w")
     with pytest.raises(PageStoreCorruptError, match=f"{path} is {9 * KB4 - 3 * KB4 - 10} bytes"):
         PageStore.open(root)

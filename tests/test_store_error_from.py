@@ -34,7 +34,7 @@ def test_a_truncated_page_and_an_io_error_name_the_file_and_what_to_do():
     )
     e = store_error_from(short)
     assert isinstance(e, PageStoreCorruptError) and "/r/s/x.B.page" in str(e)
-    assert "truncated" in str(e) and "--resume" in str(e)
+    assert "truncated" in str(e) and "`resume=True`" in str(e)
     # a write behind a step failed: the next step's page_begin reports it
     eio = jax.errors.JaxRuntimeError(
         "INTERNAL: jaxoff_pager_begin: write /r/s/x.A.page at offset 0 (4096 bytes) failed: "
@@ -43,7 +43,7 @@ def test_a_truncated_page_and_an_io_error_name_the_file_and_what_to_do():
     )
     e = store_error_from(eio)
     assert isinstance(e, PageStoreError) and "/r/s/x.A.page" in str(e) and "EIO" in str(e)
-    assert "dmesg" in str(e) and "--resume" in str(e)
+    assert "dmesg" in str(e) and "`resume=True`" in str(e)
     assert "\n" not in str(e)
 
 

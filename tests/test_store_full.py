@@ -105,7 +105,7 @@ def test_store_error_from_a_paging_call_that_hit_a_full_disk():
     err = store_error_from(wrapped)
     assert isinstance(err, PageStoreFullError) and err.errno == errno.EFBIG
     assert err.path == "/d/s/data/opt.mu.w.B.page" and err.needed_bytes == 4096
-    assert "file size limit" in str(err) and "--resume" in str(err)
+    assert "file size limit" in str(err) and "`resume=True`" in str(err)
     chained = RuntimeError("step 3 failed")
     chained.__cause__ = err
     assert store_error_from(chained) is err

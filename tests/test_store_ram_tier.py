@@ -110,7 +110,8 @@ def test_a_tier_off_host_memory_or_too_large_is_refused_before_anything_is_writt
     with pytest.raises(PageStoreFullError) as e:
         check_ram_tier(layout, str(root), limits=HostMemLimits(mem_available=1 << 20))
     msg = str(e.value)
-    assert "RAM tier (--host-mem) needs" in msg and "MemAvailable" in msg and "--host-mem" in msg
+    assert "RAM tier (`host_mem`) needs" in msg and "MemAvailable" in msg
+    assert "lower `host_mem`" in msg
     assert "\n" not in msg and not os.path.exists("/dev/shm/jaxoff-never-made")
 
 

@@ -173,7 +173,7 @@ def test_budget_too_small_is_an_error_naming_the_smallest():
     with pytest.raises(ConfigError, match="smallest device budget that works"):
         build_recipe("checkmate", ctx(4 * 2**20))
     for name in ("dtr_greedy", "capuchin"):
-        with pytest.raises(ConfigError, match="raise --device-mem"):
+        with pytest.raises(ConfigError, match="raise `device_mem`"):
             build_recipe(name, ctx(4 * 2**20))
 
 

@@ -1,7 +1,7 @@
 """One measurement in a child process of its own, watched for memory.
 
 A probe that may run out of memory runs in a child (`run_child`): it has its own peak RSS
-(the child's ``VmHWM``, `jaxoff._memory.peak_rss_bytes`: ``ru_maxrss`` from ``os.wait4``
+(the child's ``VmHWM``, `peak_rss_bytes`: ``ru_maxrss`` from ``os.wait4``
 also holds the parent's high-water mark, which the child's address space had until its
 ``exec``), and an OOM never takes down the parent's search. In the
 child a psutil watchdog thread polls RSS every 20 ms and stops the child (exit status 3,
@@ -28,6 +28,16 @@ from pathlib import Path
 GIB = 1 << 30
 BENCH = Path(__file__).resolve().parents[1]  # bench/
 _PHASE = ["start"]  # what the child is doing, for the watchdog's verdict
+
+
+def peak_rss_bytes() -> int:
+    """This process's own peak RSS, ``VmHWM`` (as jaxoff train measures its own): unlike
+    ``ru_maxrss`` it starts afresh at ``exec``, without the parent's high-water mark."""
+    with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("/proc/self/status has no VmHWM line")
 
 
 def set_phase(name: str) -> None:
@@ -58,8 +68,6 @@ def _watchdog(
     the verdict to ``result_path`` and ends the process with exit status 3."""
     import psutil
 
-    from jaxoff._memory import peak_rss_bytes
-
     proc = psutil.Process()
     while True:
         rss = proc.memory_info().rss
@@ -86,8 +94,6 @@ def _watchdog(
 
 def child_main(spec_path: str) -> None:
     """The child's side: the watchdog, then the target function, its record written."""
-    from jaxoff._memory import peak_rss_bytes
-
     spec = json.loads(Path(spec_path).read_text())
     result_path = Path(spec["result"])
     peak, by_phase = [0], {}

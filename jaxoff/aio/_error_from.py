@@ -140,7 +140,7 @@ def _from_io(text: str) -> PageStoreError | None:
     why = describe_os_error(OSError(int(err), os.strerror(int(err)), path))
     return PageStoreError(
         f"page store: {op}{at} failed: {why}; the last committed version is intact: once "
-        f"fixed, continue with --resume"
+        f"fixed, continue with `resume=True`"
     )
 
 
@@ -169,7 +169,7 @@ def _from_engine_text(text: str) -> PageStoreFullError | None:
         f"page file {path}: {op} of {needed if needed >= 0 else 'some'} bytes at offset "
         f"{offset} failed, {what} ({_errno.errorcode.get(int(err), err)}). The last committed "
         "version is intact. Free space on that filesystem (or raise `ulimit -f`), or put the "
-        "store on a larger disk, then resume from the last checkpoint with `--resume`",
+        "store on a larger disk, then resume from the last checkpoint with `resume=True`",
         path=path,
         needed_bytes=needed,
         errno=int(err),

@@ -182,7 +182,7 @@ def check_host_mem(need: HostMemNeed, limits: HostMemLimits, *, headroom: int = 
         )
     fit_tier = avail - headroom - (need.total - need.ram_tier)
     if fit_tier > 0 and need.ram_tier:
-        what = f"lower --host-mem to at most {_gib(fit_tier)}"
+        what = f"lower `host_mem` to at most {_gib(fit_tier)}"
     elif fit_tier > 0:
         what = "free host memory"
     else:

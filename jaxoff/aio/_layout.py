@@ -216,7 +216,7 @@ def check_chunk_bytes(chunk_bytes: Any) -> int:
     """Validates a chunk size: a positive multiple of ``ALIGN``."""
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int | np.integer):
         raise PageStoreLayoutError(
-            f"chunk_bytes must be an int (bytes per chunk, e.g. 16 << 20), got {chunk_bytes!r}"
+            f"`chunk_bytes` must be an int (bytes per chunk, e.g. 16 << 20), got {chunk_bytes!r}"
         )
     chunk_bytes = int(chunk_bytes)
     valid = (
@@ -225,13 +225,13 @@ def check_chunk_bytes(chunk_bytes: Any) -> int:
     )
     if chunk_bytes > MAX_CHUNK_BYTES:
         raise PageStoreLayoutError(
-            f"chunk_bytes={chunk_bytes} ({chunk_bytes / 2**20:g} MiB) is larger than the page "
+            f"`chunk_bytes={chunk_bytes}` ({chunk_bytes / 2**20:g} MiB) is larger than the page "
             f"store supports: {valid}; the default, {16 << 20} (16 MiB), suits most models"
         )
     if chunk_bytes <= 0 or chunk_bytes % ALIGN:
         up = min(MAX_CHUNK_BYTES, max(ALIGN, -(-chunk_bytes // ALIGN) * ALIGN))
         raise PageStoreLayoutError(
-            f"chunk_bytes={chunk_bytes} is not a positive multiple of {ALIGN} (needed for "
+            f"`chunk_bytes={chunk_bytes}` is not a positive multiple of {ALIGN} (needed for "
             f"O_DIRECT I/O): {valid}; use {up} or a power of two such as {16 << 20} (16 MiB)"
         )
     return chunk_bytes
@@ -425,7 +425,7 @@ def ram_tier_differences(have: Layout, want: Layout) -> list[str]:
         return []
     return [
         f"RAM tier: store keeps {have.ram_bytes} bytes in {have.ram_dir}, requested "
-        f"{want.ram_bytes} bytes in {want.ram_dir} (--host-mem)"
+        f"{want.ram_bytes} bytes in {want.ram_dir} (`host_mem`)"
     ]
 
 

@@ -211,7 +211,7 @@ def _check_version_has_pages(path: str, layout: Layout, version: int, crcs: Crcs
 
 # What a hand-edited or damaged manifest raises while being parsed.
 _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, PageStoreLayoutError)
-_RESTORE = "restore from the last checkpoint with `--resume` (or delete the store directory)"
+_RESTORE = "restore from the last checkpoint with `resume=True` (or delete the store directory)"
 
 
 def _parse(doc: dict[str, Any]) -> tuple[Layout, int, Crcs]:

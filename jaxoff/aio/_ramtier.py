@@ -95,7 +95,7 @@ def check_ram_tier(layout: Layout, root: str, *, limits=None) -> None:
         raise PageStoreError(
             f"the RAM tier's folder {where} is on {kind or 'an unknown filesystem'}, not in "
             f"host memory (tmpfs); set {ENV_DIR} to a folder on a tmpfs (such as /dev/shm), "
-            "or drop --host-mem"
+            "or drop `host_mem`"
         )
     table = FileTable(root, layout)
     if os.path.isdir(where):
@@ -120,9 +120,9 @@ def check_ram_tier(layout: Layout, root: str, *, limits=None) -> None:
             )
         fit = max(0, avail - HEADROOM_BYTES)
         raise PageStoreFullError(
-            f"host memory: the RAM tier (--host-mem) needs {_size(need)} more, plus "
+            f"host memory: the RAM tier (`host_mem`) needs {_size(need)} more, plus "
             f"{_size(HEADROOM_BYTES)} left to the run, but only {_size(avail)} is available "
-            f"({where_from}); lower --host-mem to at most {_size(fit)}",
+            f"({where_from}); lower `host_mem` to at most {_size(fit)}",
             path=where,
             needed_bytes=need,
             errno=errno.ENOMEM,
@@ -134,8 +134,8 @@ def check_ram_tier(layout: Layout, root: str, *, limits=None) -> None:
     free = st.f_bavail * st.f_frsize
     if need > free:
         raise PageStoreFullError(
-            f"the RAM tier (--host-mem) needs {_size(need)} more in {where} but its tmpfs has "
-            f"{_size(free)} free; lower --host-mem to at most {_size(free)} (or grow the tmpfs)",
+            f"the RAM tier (`host_mem`) needs {_size(need)} more in {where} but its tmpfs has "
+            f"{_size(free)} free; lower `host_mem` to at most {_size(free)} (or grow the tmpfs)",
             path=where,
             needed_bytes=need,
             errno=errno.ENOSPC,

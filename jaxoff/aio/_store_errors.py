@@ -7,7 +7,7 @@ from jaxoff._errors import JaxoffError
 # What to do when committed optimizer state is damaged: the page store is only as durable as
 # the disk, so the recovery path is the training checkpoint.
 RESTORE_HINT = (
-    "restore from the last checkpoint with `--resume` (or delete the store directory to "
+    "restore from the last checkpoint with `resume=True` (or delete the store directory to "
     "start the optimizer state afresh)"
 )
 

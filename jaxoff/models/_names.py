@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from jaxoff._errors import ConfigError
+from jaxoff._errors import OptionError
 from jaxoff.nn import check_model
 
 from .gpt import CONFIGS as _GPT
@@ -46,8 +46,8 @@ def load_model(spec: Any) -> Any:
     if ":" not in spec:
         known = sizes()
         if spec not in known:
-            raise ConfigError(
-                f"--model {spec!r} is not a known size; choose one of {', '.join(known)}, or "
+            raise OptionError(
+                f"`model={spec!r}` is not a known size; choose one of {', '.join(known)}, or "
                 f"name your own as package.module:factory"
             )
         return known[spec]
@@ -55,18 +55,18 @@ def load_model(spec: Any) -> Any:
     try:
         module = _import(module_name)
     except ImportError as e:
-        raise ConfigError(
-            f"--model {spec!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?"
+        raise OptionError(
+            f"`model={spec!r}`: cannot import {module_name!r} ({e}); is it on PYTHONPATH?"
         ) from None
     if not hasattr(module, attr):
-        raise ConfigError(f"--model {spec!r}: module {module_name!r} has no {attr!r}")
+        raise OptionError(f"`model={spec!r}`: module {module_name!r} has no {attr!r}")
     obj = getattr(module, attr)
     if isinstance(obj, type) or (callable(obj) and not dataclasses.is_dataclass(obj)):
         try:
             obj = obj()
         except TypeError as e:
-            raise ConfigError(
-                f"--model {spec!r}: {attr}() must take no arguments and return a model config ({e})"
+            raise OptionError(
+                f"`model={spec!r}`: {attr}() must take no arguments and return a model config ({e})"
             ) from None
     cfg = check_model(obj)
     if not getattr(cfg, "name", None) and "name" in {f.name for f in dataclasses.fields(cfg)}:

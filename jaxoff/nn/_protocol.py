@@ -56,7 +56,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 from flax import nnx
 
-from .._errors import ConfigError
+from .._errors import ConfigError, OptionError
 from ._stack import Stack, model_state
 
 BLOCKS = "blocks"
@@ -137,9 +137,9 @@ def check_model(cfg: Any, needs: Iterable[str] = ()) -> Any:
 _STATELESS = {
     # feature -> what it is, and what to do instead, for a model with state besides nnx.Param
     "fuyou": "the fuyou strategy (each layer's update inside backward) carries nnx.Param "
-    "only: train it without --fuyou",
-    "sharded": "the sharded paged step (--fsdp with --store) carries nnx.Param only: train it "
-    "on one device, or with --fsdp and --store none",
+    "only: train it without `fuyou=True`",
+    "sharded": "the sharded paged step (`fsdp` with `store`) carries nnx.Param only: train it "
+    "on one device, or with `fsdp` and `store='none'`",
 }
 
 
@@ -149,7 +149,7 @@ def _refuse_state(cfg: Any, who: str, what: str) -> None:
     state = model_state(module)
     if jax.tree.leaves(state):
         kinds = sorted({type(v).__name__ for v in jax.tree.leaves(state, is_leaf=_is_variable)})
-        raise ConfigError(
+        raise OptionError(
             f"model {who!r} holds state besides nnx.Param ({', '.join(kinds)}: dropout RNG "
             f"streams or batch statistics); {what}"
         )

@@ -202,7 +202,7 @@ def _full(e: OSError, directory: str, needed: int) -> PageStoreFullError:
         f"cannot write the paged checkpoint {directory}: {what} while writing {path} "
         f"({os.strerror(e.errno)}; the checkpoint needs about {needed} bytes). The partial "
         "checkpoint was removed and the previous checkpoints are intact. Free space there "
-        "(or raise the limit), or write checkpoints to another directory (--out-dir)",
+        "(or raise the limit), or write checkpoints to another directory (`out_dir`)",
         path=path,
         needed_bytes=needed,
         errno=e.errno,
@@ -310,7 +310,7 @@ def _adopt(store: PageStore, directory: str, meta: dict) -> None:
         raise PageStoreError(
             f"restore_paged: checkpoint {directory} is an in-store checkpoint: its optimizer "
             f"state is version {version} of the page store {meta['in_store']}, not a copy; "
-            f"restore it with that store (--store {meta['in_store']}), not {root}"
+            f"restore it with that store (`store='{meta['in_store']}'`), not {root}"
         )
     crcs = {name: meta["entries"][name]["crcs"] for name in store.entries}
     if store.version != version or any(store.crcs(n) != list(c) for n, c in crcs.items()):

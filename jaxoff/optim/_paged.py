@@ -14,7 +14,6 @@ import numpy as np
 import optax
 
 from jaxoff.aio import (
-    MAX_CHUNK_BYTES,
     EngineConfig,
     PageStore,
     PageStoreError,
@@ -377,10 +376,7 @@ def _check_chunk_bytes(chunk_bytes) -> int:
     try:
         return check_chunk_bytes(chunk_bytes)
     except PageStoreLayoutError as e:
-        raise PageStoreLayoutError(
-            f"jaxoff.paged: {e} (`jaxoff train --chunk-mib` sets it in MiB: 1 to "
-            f"{MAX_CHUNK_BYTES >> 20})"
-        ) from None
+        raise PageStoreLayoutError(f"jaxoff.paged: {e}") from None
 
 
 def _refuse_placeholder(params) -> None:

@@ -192,7 +192,7 @@ def check_index_range(name: str, size: int, chunk_elems: int) -> None:
             f"{chunk_elems * STORAGE_ITEMSIZE} bytes ({chunk_elems} elements) jaxoff.paged "
             f"pages fewer than 2**31 - {chunk_elems} elements at a time (int32 indices): split "
             "the parameter into several, or, for stacked layers, page them a layer at a "
-            "time (jaxoff.strategies.fuyou)"
+            "time (`strategy='fuyou'`, jaxoff.strategies.fuyou)"
         )
 
 
@@ -300,7 +300,7 @@ def make_plan(
             f"jaxoff.paged: the optimizer state that is not shaped like the parameters (kept in "
             f"RAM and written to the store as one chunk at every step) takes {plan.ram_nbytes} "
             f"bytes, more than one chunk of {chunk_bytes} bytes (largest: {shown}); pass "
-            f"chunk_bytes={need} or more, or, if these are "
+            f"`chunk_bytes={need}` or more, or, if these are "
             "per-parameter tensors in a container that is not shaped like the parameters, "
             "keep this optimizer in RAM (plain optax): it is not element-wise"
         )

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 from jax.experimental.compute_on import compute_on
 
-from .._errors import ConfigError
+from .._errors import OptionError
 from ..nn import with_stack
 from ..optim import update_and_apply
 from ._placement import Placement, get_placement
@@ -108,11 +108,11 @@ def make_update(tx: optax.GradientTransformation, placement: Placement | str | N
             if where != "host" or "memory_space" not in str(e):
                 raise
             if placement.update_on == "host":
-                raise ConfigError(
+                raise OptionError(
                     f"the optimizer update cannot run on host operands under "
                     f"compute_on('device_host') in this JAX ({e}); use update_on='device' "
                     f"(explicit transfers) or an optimizer without global-norm clipping "
-                    f"(clip_norm=0)"
+                    f"(`clip_norm=0`)"
                 ) from None
             where = "device"
             new_params, new_state, norm = run_on(where, grads, opt_state, params)

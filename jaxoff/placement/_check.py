@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from .._errors import ConfigError
+from .._errors import ConfigError, OptionError
 from ..nn import check_model
 from ._placement import Placement, get_placement
 from ._shardings import is_stacked
@@ -35,10 +35,10 @@ def check_placement(
         check_model(model_cfg, needs=["streaming"])
         stack = model_cfg.stack
         if stack.remat_every != 1:
-            raise ConfigError(
+            raise OptionError(
                 f"layer streaming fetches one block per loop step, but the policy runs "
                 f"segments of several blocks (remat_every={stack.remat_every!r}); use "
-                f"--policy full with a host_params_stream<N> placement"
+                f"`policy='full'` with a host_params_stream<N> placement"
             )
         if stack.scan_unroll != 1:
             raise ConfigError(
@@ -46,10 +46,10 @@ def check_placement(
                 f"scan_unroll={stack.scan_unroll}"
             )
         if policy is not None and policy.strip() not in ("full", "nothing_saveable"):
-            raise ConfigError(
-                f"--policy {policy!r} cannot apply to streamed layers: the streamed loop saves "
+            raise OptionError(
+                f"`policy={policy!r}` cannot apply to streamed layers: the streamed loop saves "
                 f"each block's input and recomputes the block in backward (its parameters are "
-                f"fetched again anyway); pass --policy full"
+                f"fetched again anyway); pass `policy='full'`"
             )
         if params is not None and not any(
             is_stacked(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)
@@ -59,8 +59,8 @@ def check_placement(
                 "this model has none: use host_params (whole-model copy) instead"
             )
     if devices > 1 and batch_size is not None and batch_size % devices:
-        raise ConfigError(
-            f"--batch-size {batch_size} does not split over --fsdp {devices} devices; "
+        raise OptionError(
+            f"`batch_size={batch_size}` does not split over `fsdp={devices}` devices; "
             f"use a multiple of {devices}"
         )
     return placement

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from .._errors import ConfigError
+from .._errors import OptionError
 from .._xla import compiler_options
 from ._placement import Placement, get_placement
 from ._shardings import batch_sharding, state_shardings
@@ -55,10 +55,10 @@ def compile_placed(lowered, placement: Placement | str | None):
         if not any(word in str(e) for word in _HOST_COMPUTE_FAILURES):
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(
+        raise OptionError(
             f"XLA could not compile the optimizer update as host computation "
             f"(compute_on('device_host')) for placement update_on={placement.update_on!r} "
             f"on {jax.default_backend()}: {first[:300]}; run the update on the device with "
             f"transfers (placement host_opt_xfer, or Placement(..., update_on='device')), or "
-            f"page the optimizer state to a store (jaxoff.paged)"
+            f"page the optimizer state to a store (`store`, jaxoff.paged)"
         ) from e

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from .._errors import ConfigError
+from .._errors import OptionError
 from ..nn import BLOCKS
 from ._placement import Placement
 
@@ -22,8 +22,8 @@ def make_mesh(devices: int) -> Mesh | None:
         return None
     available = jax.devices()
     if devices < 1 or devices > len(available):
-        raise ConfigError(
-            f"--fsdp {devices}: this process sees {len(available)} device(s); choose 1 to "
+        raise OptionError(
+            f"`fsdp={devices}`: this process sees {len(available)} device(s); choose 1 to "
             f"{len(available)} (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
             f"makes N devices)"
         )

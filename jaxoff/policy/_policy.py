@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 
-from jaxoff.models.gpt import RESIDUAL_NAMES
-
 from .._errors import ConfigError
 from ..nn import AUTO, sqrt_segment_size
 
@@ -66,7 +64,7 @@ def default_names() -> tuple[str, ...]:
     """The names policies are over when none are given: the GPT's
     (``jaxoff.models.gpt.RESIDUAL_NAMES``), imported here so that importing jaxoff imports no
     model."""
-    # jaxoff.models is installed from the repository's models/ (pyproject's force-include)
+    from jaxoff.models.gpt import RESIDUAL_NAMES  # deferred: importing a policy builds no model
 
     return RESIDUAL_NAMES
 

@@ -12,7 +12,7 @@ from typing import Any, TypeGuard
 
 import jax
 
-from .._errors import ConfigError
+from .._errors import ConfigError, OptionError
 from ..nn import check_model, model_name, with_stack
 from ._policy import Policy, Segments, Untagged, as_names
 from ._presets import PRESETS, preset
@@ -56,7 +56,7 @@ def get_policy(spec: Spec, names: Sequence[str] | None = None) -> Policy:
         return load_policy_file(spec, names)
     if "=" in spec or "," in spec:
         return _parse(spec, names)
-    raise ConfigError(_unknown_spec(spec, as_names(names)))
+    raise OptionError(_unknown_spec(spec, as_names(names)))
 
 
 def _parse(spec: str, names: Sequence[str] | None) -> Policy:
@@ -146,7 +146,7 @@ def _note_missed_names(name: str, model: str, names: tuple[str, ...]) -> None:
     logging.getLogger("jaxoff.policy").warning(
         "jaxoff: note: policy preset %r acts on %s, none of which model %r tags, so every "
         "residual of it gets %s; the model's residual names are %s: name them with "
-        "--policy name=action,...",
+        "`policy='name=action,...'`",
         name,
         ", ".join(p.group_names),
         model,
@@ -226,7 +226,7 @@ def load_policy_file(path: str | Path, names: Sequence[str] | None = None) -> Po
 
 def _unknown_spec(spec: str, names: Sequence[str]) -> str:
     return (
-        f"--policy {spec!r} is not a known policy; choose a preset "
+        f"policy {spec!r} is not a known policy; choose a preset "
         f"({', '.join(PRESETS)}), a jax.checkpoint_policies name "
         f"({', '.join(n for n in JAX_POLICIES if n not in PRESETS)}), a .toml file, or "
         f"name=action pairs such as 'attn_probs=remat,mlp_act=offload,*=device' with names "

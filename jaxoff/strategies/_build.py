@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from .._errors import ConfigError
+from .._errors import ConfigError, OptionError
 from ..distributed import ShardedPagedStep
 from ..nn import Stack, check_model, with_stack
 from ..optim import paged
@@ -106,10 +106,10 @@ def prepare(
 
     pl = placement(recipe)
     if grad_accum > 1 and not accumulates(recipe):
-        raise ConfigError(
-            f"grad_accum {grad_accum}: the recipe updates inside the backward pass or streams "
-            f"its parameters, whose gradients jaxoff does not accumulate (jaxoff train "
-            f"refuses --grad-accum with it)"
+        raise OptionError(
+            f"`grad_accum={grad_accum}`: the recipe updates inside the backward pass or "
+            f"streams its parameters, whose gradients jaxoff does not accumulate: leave "
+            f"`grad_accum` at 1 with it"
         )
     cfg = model_config(recipe, base_cfg)
     check_placement(pl, cfg, policy=recipe.policy)

@@ -23,7 +23,7 @@ def _fits_or_raise(ctx: Context, prof, hw, plan, who: str):
             f"{who}: no plan fits {hw.device_mem / 2**20:,.0f} MiB of device memory for "
             f"model {ctx.model} at batch {ctx.batch} x seq {ctx.seq} (even recomputing "
             f"everything it may needs {pred.device_bytes / 2**20:,.0f} MiB); raise "
-            f"--device-mem or lower --batch / --seq"
+            f"`device_mem` or lower `batch_size` / `seq_len`"
         )
     return pred
 

@@ -20,6 +20,7 @@ from ._export import run_config as run_config
 from ._loop import TrainResult as TrainResult
 from ._loop import train as train
 from ._metrics import read_metrics as read_metrics
+from ._options import FLAT_NAMES as FLAT_NAMES
 from ._options import DataOptions as DataOptions
 from ._options import ModelOptions as ModelOptions
 from ._options import OptimOptions as OptimOptions
@@ -31,6 +32,7 @@ __all__ = [
     "Batches",
     "DataOptions",
     "ExportConfig",
+    "FLAT_NAMES",
     "ModelOptions",
     "OptimOptions",
     "RunOptions",

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxoff._errors import ConfigError
+from jaxoff._errors import ConfigError, OptionError
 from jaxoff.aio import PageStoreError
 from jaxoff.nn import BLOCKS  # the stacked blocks of a jaxoff.nn model
 from jaxoff.nn import check_model as check_protocol
@@ -79,7 +79,7 @@ _lock = threading.Lock()
 _CLIP_MESSAGE = (
     "the fuyou strategy updates each layer inside the backward pass, as soon as its gradients "
     "exist, so it cannot run {ops}, which needs every gradient before the first update; use "
-    "--clip-norm 0 (drop the global operation), or use zero_infinity (update after backward)"
+    "`clip_norm=0` (drop the global operation), or use zero_infinity (update after backward)"
 )
 
 
@@ -98,7 +98,7 @@ def _updater(tx) -> ChunkUpdater:
         )
     updater = chunk_updater(tx)
     if updater.has_global_ops:
-        raise ConfigError(
+        raise OptionError(
             _CLIP_MESSAGE.format(
                 ops="the global operations leading the chain "
                 "given to jaxoff.paged (gradient clipping, ...)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxoff._errors import ConfigError
+from jaxoff._errors import OptionError
 from jaxoff.nn import recomputes_everything
 
 from ._layout import check_model
@@ -37,17 +37,18 @@ class FuyouOptions:
     def check(self) -> None:
         """Each option on its own, and with the others of this group."""
         if self.page_params and not self.fuyou:
-            raise ConfigError(
-                "--page-params pages the block parameters through Fuyou's step: add --fuyou"
+            raise OptionError(
+                "`page_params=True` pages the block parameters through Fuyou's step: add "
+                "`fuyou=True`"
             )
         if self.fuyou_read_ahead_mib is not None and not self.fuyou:
-            raise ConfigError(
-                "--fuyou-read-ahead-mib sets what Fuyou's step reads ahead of each layer's "
-                "update: add --fuyou, or leave it out"
+            raise OptionError(
+                "`fuyou_read_ahead_mib` sets what Fuyou's step reads ahead of each layer's "
+                "update: add `fuyou=True`, or leave it out"
             )
         if self.fuyou_read_ahead_mib is not None and self.fuyou_read_ahead_mib < 0:
-            raise ConfigError(
-                f"--fuyou-read-ahead-mib must be >= 0 (MiB of optimizer state read ahead of "
+            raise OptionError(
+                f"`fuyou_read_ahead_mib` must be >= 0 (MiB of optimizer state read ahead of "
                 f"each layer's update; 0: each tensor's first chunk only), got "
                 f"{self.fuyou_read_ahead_mib}"
             )
@@ -63,44 +64,44 @@ class FuyouOptions:
         if not self.fuyou:
             return
         if run.grad_accum > 1:
-            raise ConfigError(
-                f"--grad-accum {run.grad_accum} does not apply to --strategy fuyou, which "
+            raise OptionError(
+                f"`grad_accum={run.grad_accum}` does not apply to `strategy='fuyou'`, which "
                 f"updates each layer inside the backward pass as soon as its gradients exist: "
                 f"there is no step-wide gradient to accumulate (holding one would cost the "
-                f"gradient memory Fuyou saves); use --strategy plain with --store and "
-                f"--grad-accum (the paged update after the backward pass), or a larger "
-                f"--batch-size under Fuyou"
+                f"gradient memory Fuyou saves); use `strategy='plain'` with `store` and "
+                f"`grad_accum` (the paged update after the backward pass), or a larger "
+                f"`batch_size` under Fuyou"
             )
 
         stack = getattr(model, "stack", None)
         if run.policy != "none" and not recomputes_everything(getattr(stack, "policy", None)):
-            raise ConfigError(
-                f"--policy {run.policy} does not apply to --strategy fuyou, which recomputes "
-                f"each block whole in backward (what --policy full does): leave --policy out "
-                f"or pass --policy full"
+            raise OptionError(
+                f"`policy='{run.policy}'` does not apply to `strategy='fuyou'`, which recomputes "
+                f"each block whole in backward (what `policy='full'` does): leave `policy` "
+                f"out or pass `policy='full'`"
             )
         if not run.paged:
-            raise ConfigError(
-                "--fuyou pages the optimizer state inside the backward pass and needs a page "
-                "store: leave out --store none (or name a --store directory)"
+            raise OptionError(
+                "`fuyou=True` pages the optimizer state inside the backward pass and needs a "
+                "page store: leave out `store='none'` (or name a `store` directory)"
             )
         if run.clip_norm > 0:
-            raise ConfigError(
-                "--fuyou updates each layer inside the backward pass, as soon as its gradients "
-                f"exist, so it cannot clip by the global gradient norm (--clip-norm "
-                f"{run.clip_norm} needs every gradient before the first update): pass "
-                "--clip-norm 0"
+            raise OptionError(
+                "`fuyou=True` updates each layer inside the backward pass, as soon as its "
+                f"gradients exist, so it cannot clip by the global gradient norm "
+                f"(`clip_norm={run.clip_norm}` needs every gradient before the first update): "
+                "pass `clip_norm=0`"
             )
         if run.devices != 1 or run.processes > 1:
-            raise ConfigError(
-                "--fuyou runs on one device in one process: use --fsdp 1 (and one process), "
-                "or leave out --fuyou"
+            raise OptionError(
+                "`fuyou=True` runs on one device in one process: use `fsdp=1` (and one "
+                "process), or leave out `fuyou=True`"
             )
         if run.placement != "device":
-            raise ConfigError(
-                f"--fuyou keeps the parameters in the training state (or, with "
-                f"--page-params, in the page store) and the optimizer state in the store: "
-                f"--placement {run.placement} does not apply; use --placement device"
+            raise OptionError(
+                f"`fuyou=True` keeps the parameters in the training state (or, with "
+                f"`page_params=True`, in the page store) and the optimizer state in the store: "
+                f"`placement='{run.placement}'` does not apply; use `placement='device'`"
             )
 
         check_model(model)  # a protocol model with stacked blocks, one block per layer step
