@@ -225,7 +225,7 @@ def test_clipping_is_refused(tmp_path):
         paged(optax.chain(clip, inner()), tmp_path / "a", chunk_bytes=CHUNK),
         optax.chain(clip, paged(inner(), tmp_path / "b", chunk_bytes=CHUNK)),
     ):
-        msg = r"needs every gradient.*--clip-norm 0.*zero_infinity \(update after backward\)"
+        msg = r"needs every gradient.*`clip_norm=0`.*zero_infinity \(update after backward\)"
         with pytest.raises(ConfigError, match=msg):
             make_fuyou_step(graphdef, cfg, tx)
 

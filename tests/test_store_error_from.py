@@ -23,7 +23,7 @@ def test_a_checksum_mismatch_inside_the_step_is_the_stores_corrupt_error():
     assert "\n" not in line
     assert "/r/store/data/opt.0.mu.w.A.page" in line and "offset 8192" in line
     assert "fails its checksum" in line
-    assert "--resume" in line  # the next step to take
+    assert "`resume=True`" in line  # the next step to take (jaxoff train: --resume)
 
 
 def test_a_truncated_page_and_an_io_error_name_the_file_and_what_to_do():
@@ -59,7 +59,7 @@ def test_a_failed_sync_before_a_commit_names_the_file():
     e = store_error_from(sync)
     assert type(e) is PageStoreError
     assert "fsync" in str(e) and "/r/s/x.A.page" in str(e) and "EIO" in str(e)
-    assert "--resume" in str(e) and "\n" not in str(e)
+    assert "`resume=True`" in str(e) and "\n" not in str(e)
 
 
 def test_other_runtime_errors_are_not_the_stores():

@@ -246,4 +246,4 @@ def test_file_size_limit_while_saving_a_paged_checkpoint(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"ERRNO {errno.EFBIG} True False" in r.stdout, r.stdout + r.stderr[-3000:]
-    assert "the file size limit was reached" in r.stdout and "(--out-dir)" in r.stdout
+    assert "the file size limit was reached" in r.stdout and "(`out_dir`)" in r.stdout
