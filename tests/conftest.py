@@ -33,10 +33,12 @@ import pytest  # noqa: E402
 def _doctest_namespace(request):
     """The docstring examples of jaxoff/ (``pytest -p tests.conftest --doctest-modules jaxoff``)
     see ``tmp_path`` and run in it: an example that writes a file writes it there, never into
-    the working tree."""
+    the working tree. ``REPO`` is the repository's root, for an example that reads one of the
+    test fixtures (``tests/fixtures/hf``)."""
     if isinstance(request.node, pytest.DoctestItem):
         tmp_path = request.getfixturevalue("tmp_path")
         request.getfixturevalue("doctest_namespace")["tmp_path"] = tmp_path
+        request.getfixturevalue("doctest_namespace")["REPO"] = ROOT  # its test fixtures
         request.getfixturevalue("monkeypatch").chdir(tmp_path)
 
 

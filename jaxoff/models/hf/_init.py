@@ -27,7 +27,8 @@ def pretrained_config(directory, **fields):
       PretrainedError: no ``config.json``, or one jaxoff cannot read (the message says why).
 
     Example:
-        >>> pretrained_config("tests/fixtures/hf/llama").num_layers
+        >>> folder = f"{REPO}/tests/fixtures/hf/llama"  # a tiny Llama checkpoint of the tests
+        >>> pretrained_config(folder).num_layers
         2
     """
     directory = Path(directory)
@@ -48,8 +49,9 @@ class PretrainedInit:
 
     Example:
         >>> from jaxoff.models.hf import PretrainedInit, pretrained_config
-        >>> cfg = pretrained_config("tests/fixtures/hf/llama")
-        >>> PretrainedInit("tests/fixtures/hf/llama").model(cfg).cfg.d_model
+        >>> folder = f"{REPO}/tests/fixtures/hf/llama"  # a tiny Llama checkpoint of the tests
+        >>> cfg = pretrained_config(folder)
+        >>> PretrainedInit(folder).model(cfg).cfg.d_model
         32
     """
 
