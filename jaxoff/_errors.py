@@ -28,21 +28,15 @@ class JaxoffError(Exception):
         """
         return tuple(dict.fromkeys(m.group(1) for m in OPTION.finditer(str(self))))
 
-    def said_with(self, flag_of: Callable[[str, str | None], str | None]) -> str:
-        """The message with each option ``name`` (``value``: None, or what follows ``=``)
-        replaced by ``flag_of(name, value)``, where that is not None.
-
-        >>> e = OptionError("`fuyou=True` cannot clip: pass `clip_norm=0`")
-        >>> e.said_with(lambda n, v: f"--{n}" if v == "True" else f"--{n} {v}")
-        '--fuyou cannot clip: pass --clip_norm 0'
-        """
-
-        return say_options(str(self), flag_of)
-
 
 def say_options(message: str, flag_of: Callable[[str, str | None], str | None]) -> str:
-    """``message`` with each option (`` `name` ``, `` `name=value` ``) replaced by
-    ``flag_of(name, value)`` where that is not None (`JaxoffError.said_with`)."""
+    """``message`` with each option `` `name` `` or `` `name=value` `` replaced by
+    ``flag_of(name, value)`` (``value``: None, or what follows ``=``) where that is not None.
+
+    >>> message = "`fuyou=True` cannot clip: pass `clip_norm=0`"
+    >>> say_options(message, lambda n, v: f"--{n}" if v == "True" else f"--{n} {v}")
+    '--fuyou cannot clip: pass --clip_norm 0'
+    """
 
     def say(m: re.Match) -> str:
         flag = flag_of(m.group(1), m.group(2))

@@ -315,7 +315,6 @@ def measure(
 
 
 def _progress(enabled: bool):
-
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),

@@ -368,7 +368,6 @@ def _command(name: str, rest: list[str], debug: bool) -> int:
 _OTHER_UNITS: dict[str, dict[str, tuple[str, Callable[[str], str]]]] = {
     "train": {
         "chunk_bytes": ("--chunk-mib", lambda v: str(-(-int(v) // (1 << 20)))),
-        "fuyou_read_ahead_bytes": ("--fuyou-read-ahead-mib", lambda v: str(int(v) >> 20)),
     },
 }
 

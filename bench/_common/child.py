@@ -1,14 +1,14 @@
 """One measurement in a child process of its own, watched for memory.
 
 A probe that may run out of memory runs in a child (`run_child`): it has its own peak RSS
-(the child's ``VmHWM``, `peak_rss_bytes`: ``ru_maxrss`` from ``os.wait4``
-also holds the parent's high-water mark, which the child's address space had until its
-``exec``), and an OOM never takes down the parent's search. In the
-child a psutil watchdog thread polls RSS every 20 ms and stops the child (exit status 3,
-the verdict written to its result file) when RSS passes the limit or the machine has less
-than ``min_available_gib`` left, so it never gets to the kernel's OOM killer. The child calls
-a function named ``"module:function"`` (imported with ``bench/`` on ``sys.path``) with the
-JSON keyword arguments given, and writes the dict it returns.
+(the child's ``VmHWM``, `peak_rss_bytes`; ``ru_maxrss`` from ``os.wait4`` also holds the
+parent's high-water mark, which the child's address space had until its ``exec``), and an
+OOM never takes down the parent's search. In the child a psutil watchdog thread polls RSS
+every 20 ms and stops the child (exit status 3, the verdict written to its result file) when
+RSS passes the limit or the machine has less than ``min_available_gib`` left, so it never
+gets to the kernel's OOM killer. The child calls a function named ``"module:function"``
+(imported with ``bench/`` on ``sys.path``) with the JSON keyword arguments given, and writes
+the dict it returns.
 
     rec = run_child("_capacity.probe:run_train_probe", kwargs, work=Path(tmp),
                     mem_limit_gib=3, min_available_gib=0.75, timeout_s=600)
@@ -126,8 +126,8 @@ def run_child(
 ) -> dict:
     """Runs ``target(**kwargs)`` in a child process, its files under ``work`` (its log,
     ``child.log``, and its result); returns its record with ``wall_s``, ``returncode``,
-    ``peak_rss`` (the larger of the child's ``VmHWM`` and the watchdog's) and ``status``: ``ok``,
-    ``killed`` (by the watchdog, a timeout or a signal; ``why`` says which) or ``error``
+    ``peak_rss`` (the larger of the child's ``VmHWM`` and the watchdog's) and ``status``:
+    ``ok``, ``killed`` (by the watchdog, a timeout or a signal; ``why`` says which) or ``error``
     (``why`` holds the exception, or the log's tail)."""
     result, spec = work / "result.json", work / "spec.json"
     spec.write_text(

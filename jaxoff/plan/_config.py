@@ -138,7 +138,6 @@ class PlanConfig:
             ) from None
 
     def get_hardware(self):
-
         hw = get_hardware(self.hardware, self.dtype, self.io_bench)
         size = {
             k: (None if v is None else parse_size(v))

@@ -115,14 +115,12 @@ def config_fingerprint(model_cfg) -> dict:
 
 
 def _grad_jaxpr(model_cfg, batch: int, seq: int):
-
     graphdef, state = abstract_state(model_cfg, optimizer())
     tok = tokens(batch, seq)
     return jax.make_jaxpr(jax.value_and_grad(make_loss_fn(graphdef)))(state.params, tok, tok)
 
 
 def _step_jaxpr(model_cfg, batch: int, seq: int, grad_accum: int = 1):
-
     tx = optimizer()
     graphdef, state = abstract_state(model_cfg, tx)
     tok = tokens(grad_accum * batch, seq)
@@ -137,7 +135,6 @@ def names_policy(actions: dict[str, str], names=None):
 
 
 def with_policy(model_cfg, actions: dict[str, str]):
-
     return apply_policy(model_cfg, names_policy(actions, model_cfg.residual_names))
 
 

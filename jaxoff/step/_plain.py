@@ -311,7 +311,6 @@ class PlainStep(OptaxStepBase):
         return state
 
     def restore(self, reader, step: int, fall_back):
-
         self.graphdef, abstract = abstract_state(self.model_cfg, self.tx)
         shardings = state_shardings(self.placement, abstract, self.mesh)
         shardings = with_rest_shardings(shardings, abstract, self.mesh)

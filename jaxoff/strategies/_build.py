@@ -176,7 +176,6 @@ def _trained_model(cfg):
 
 
 def _plain_step(cfg):
-
     model_cfg, placement, mesh = _trained_model(cfg)
     return PlainStep(
         model_cfg,
@@ -190,7 +189,6 @@ def _plain_step(cfg):
 
 
 def _sharded_step(cfg):
-
     model_cfg, placement, mesh = _trained_model(cfg)
     pre, tx = cfg.build_optimizer_parts()  # the clipping sees the global gradients
     return ShardedPagedStep(
@@ -206,7 +204,6 @@ def _sharded_step(cfg):
 
 
 def _fuyou_step(cfg):
-
     model_cfg, placement, _ = _trained_model(cfg)
     return FuyouStep(
         model_cfg,

@@ -16,7 +16,6 @@ from ._recipe import Context
 
 
 def _fits_or_raise(ctx: Context, prof, hw, plan, who: str):
-
     pred = evaluate(prof, hw, plan)
     if pred.device_bytes > hw.device_mem:
         raise InfeasibleError(

@@ -130,13 +130,11 @@ class Context:
 
 
 def _plain(model_cfg):
-
     return dataclasses.replace(model_cfg, stack=Stack())
 
 
 @functools.lru_cache(maxsize=8)
 def _profile(model_cfg, batch: int, seq: int, model: str, grad_accum: int = 1):
-
     return profile(model_cfg, batch, seq, model=model, grad_accum=grad_accum)
 
 

@@ -46,7 +46,6 @@ class Checkpoints:
     """
 
     def __init__(self, out_dir: Path, keep: int, step=None, paged_in_store: bool = False):
-
         self.out_dir = Path(out_dir).absolute()
         self.directory = self.out_dir / "checkpoints"
         self.paged_directory = self.out_dir / "checkpoints_paged"

@@ -153,7 +153,6 @@ class RunSource:
     """
 
     def __init__(self, run_dir: Path, step: int, model_cfg, page_params: bool):
-
         self.config = model_cfg
         run_dir = Path(run_dir).absolute()
         step_dir = run_dir / "checkpoints" / str(step)
